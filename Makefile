@@ -1,0 +1,42 @@
+# The README's two commands: `make demo` and `make test`. Both set everything up first; setup is
+# idempotent (the light venv is stamped, the stack venv and model are checked against pins.toml).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+KVDRILL := $(BIN)/kvdrill
+FLAGSHIP := scenarios/flagship/hit-rate-is-not-correctness.yaml
+TWIN     := scenarios/flagship/hit-rate-is-not-correctness-aesgcm.yaml
+
+.PHONY: setup demo test test-unit test-real bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+	$(KVDRILL) setup
+
+demo: setup
+	@mkdir -p reports/demo
+	$(KVDRILL) run $(FLAGSHIP) --reports-dir reports/demo | tee reports/demo/flagship.last
+	$(KVDRILL) run $(TWIN) --reports-dir reports/demo | tee reports/demo/twin.last
+	@echo
+	@echo "== kvdrill demo: the flagship drill and its twin =="
+	@cat reports/demo/flagship.last reports/demo/twin.last
+
+test-unit: $(VENV)/.installed
+	$(BIN)/pytest -q -m "not real"
+
+test-real: setup
+	$(BIN)/pytest -q -m real
+
+test: setup test-unit test-real
+
+bench: setup
+	$(BIN)/python bench/flagship.py
+
+clean:
+	rm -rf $(VENV) reports/*/ reports/sandbox.json

@@ -1,0 +1,21 @@
+"""Checkers: pure functions of a run's journal that return verdicts with evidence references."""
+
+from __future__ import annotations
+
+from drills.checkers import correctness, degenerate, hit_rate
+from drills.checkers.base import CheckResult, RunView
+from drills.journal import History
+from drills.scenario import ChecksSpec
+
+
+def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
+    view = RunView(history)
+    results: list[CheckResult] = []
+    correct = correctness.check(view, checks.correctness) if checks.correctness.enabled else None
+    if correct:
+        results.append(correct)
+    if checks.degenerate.enabled:
+        results.append(degenerate.check(view, checks.degenerate))
+    if checks.hit_rate.enabled:
+        results.append(hit_rate.check(view, checks.hit_rate, correctness_failed=bool(correct and correct.verdict == "fail")))
+    return results

@@ -1,0 +1,63 @@
+"""Token-level correctness against the no-cache baseline (temperature 0, so equality is exact)."""
+
+from __future__ import annotations
+
+from drills.checkers.base import CheckResult, RunView, response_ref
+from drills.scenario import CorrectnessCheck
+
+
+def first_difference(expected: list[int], actual: list[int]) -> int | None:
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        if a != b:
+            return i
+    return None if len(expected) == len(actual) else min(len(expected), len(actual))
+
+
+def check(view: RunView, opts: CorrectnessCheck) -> CheckResult:
+    oracle = view.oracle()
+    if not oracle:
+        return CheckResult("correctness", "error", "no baseline (oracle) responses in the journal: nothing to compare")
+    cached: dict[int, list[int]] = {}
+    if opts.dual_oracle:
+        for e in view.phase_responses("warm"):
+            if e.data.get("ok"):
+                cached.setdefault(e.data["prompt_id"], e.data["token_ids"])
+    wrong, checked, per_phase = [], 0, {}
+    for phase in opts.phases:
+        responses = view.phase_responses(phase)
+        bad = 0
+        for e in responses:
+            checked += 1
+            pid = e.data["prompt_id"]
+            ref = oracle.get(pid)
+            if ref is None:
+                return CheckResult("correctness", "error", f"no baseline response for prompt {pid}",
+                                   evidence=[response_ref(e)])
+            if not e.data.get("ok"):
+                bad += 1
+                wrong.append({**response_ref(e), "phase": phase, "prompt_id": pid, "reason": "request failed",
+                              "error": e.data.get("error"), "oracle_ref": ref.ref})
+                continue
+            got, want = e.data["token_ids"], ref.data["token_ids"]
+            if got == want or (opts.dual_oracle and got == cached.get(pid)):
+                continue
+            bad += 1
+            at = first_difference(want, got)
+            wrong.append({**response_ref(e), "phase": phase, "prompt_id": pid, "first_diff_token": at,
+                          "expected_token": want[at] if at is not None and at < len(want) else None,
+                          "actual_token": got[at] if at is not None and at < len(got) else None,
+                          "expected_text": ref.data.get("text"), "actual_text": e.data.get("text"),
+                          "oracle_ref": ref.ref})
+        per_phase[phase] = {"responses": len(responses), "wrong": bad}
+    if checked == 0:
+        return CheckResult("correctness", "error", f"no engine responses in phases {opts.phases}")
+    details = {"per_phase": per_phase, "checked": checked, "wrong": len(wrong), "dual_oracle": opts.dual_oracle}
+    if not wrong:
+        return CheckResult("correctness", "pass",
+                           f"{checked}/{checked} responses token-identical to the no-cache baseline", details=details)
+    first = wrong[0]
+    where = (f"first differing token at index {first['first_diff_token']} in {first['request_id']}"
+             if "first_diff_token" in first else f"{first['request_id']} failed: {first.get('error')}")
+    return CheckResult("correctness", "fail",
+                       f"{len(wrong)}/{checked} responses differ from the no-cache baseline; {where}",
+                       evidence=wrong, details=details)

@@ -1,0 +1,82 @@
+"""Hit rate as the cache reports it, next to whether the answers were right.
+
+The hit rate is LMCache's own view (``lookup_hit_tokens / lookup_requested_tokens`` from its
+``/metrics``), with vLLM's external and prefix-cache counters beside it. It measures saved prefill, not
+correctness: a high hit rate while correctness fails is the finding this tool exists for, so it fails
+this check too and is said in one loud line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drills.checkers.base import CheckResult, RunView
+from drills.observe.prom import total
+from drills.scenario import HitRateCheck
+
+LMC_HIT, LMC_REQ = "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"
+LMC_L1, LMC_L2 = "lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"
+EXT_HIT, EXT_Q = "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total"
+APC_HIT, APC_Q = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Counter deltas between two metric points; vLLM counters restart with the engine, so a point
+    from another engine generation is never paired (the runner takes 'before' after any restart)."""
+    lb, la = before.get("lmcache", {}), after.get("lmcache", {})
+    eb, ea = before.get("engine", {}), after.get("engine", {})
+    d = {name: total(la, name) - total(lb, name) for name in (LMC_HIT, LMC_REQ, LMC_L1, LMC_L2)}
+    d.update({name: total(ea, name) - total(eb, name) for name in (EXT_HIT, EXT_Q, APC_HIT, APC_Q)})
+    return {
+        "lmcache_hit_tokens": d[LMC_HIT], "lmcache_requested_tokens": d[LMC_REQ],
+        "lmcache_l1_hit_tokens": d[LMC_L1], "lmcache_l2_hit_tokens": d[LMC_L2],
+        "hit_rate_tokens": _ratio(d[LMC_HIT], d[LMC_REQ]),
+        "vllm_external_hits": d[EXT_HIT], "vllm_external_queries": d[EXT_Q],
+        "vllm_external_hit_rate": _ratio(d[EXT_HIT], d[EXT_Q]),
+        "vllm_apc_hits": d[APC_HIT], "vllm_apc_queries": d[APC_Q], "vllm_apc_hit_rate": _ratio(d[APC_HIT], d[APC_Q]),
+    }
+
+
+def phase_rates(view: RunView, phase: str) -> dict[str, Any] | None:
+    points = view.metric_points(phase)
+    if len(points) < 2:
+        return None
+    out = window(points[0].data, points[-1].data)
+    out["waves"] = [{"wave": b.data.get("point"), **window(a.data, b.data)} for a, b in zip(points, points[1:])]
+    out["metric_refs"] = [p.ref for p in points]
+    return out
+
+
+def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckResult:
+    per_phase = {p: r for p in ("steady", "chaos", "recovery") if (r := phase_rates(view, p)) is not None}
+    chaos = per_phase.get("chaos")
+    details: dict[str, Any] = {"per_phase": per_phase}
+    evidence: list[dict[str, Any]] = []
+    if chaos:
+        evidence += [{"kind": "metrics", "ref": r, "note": "LMCache and vLLM /metrics snapshot"}
+                     for r in chaos["metric_refs"]]
+    for e in view.history.of_type("observe.log"):
+        if e.phase == "chaos":
+            evidence += [{"kind": "log", "ref": f"{e.data['file']}:{m['line']}", "text": m["text"]}
+                         for m in e.data.get("matches", [])[:12]]
+    if chaos is None:
+        return CheckResult("hit_rate", "error", "no chaos-phase metric snapshots in the journal", details=details)
+    rate = chaos["hit_rate_tokens"]
+    details["hit_rate_tokens"] = rate
+    if rate is None:
+        return CheckResult("hit_rate", "pass" if opts.min is None else "fail",
+                           "LMCache saw no lookups during chaos (hit rate undefined)", evidence, details)
+    shown = (f"LMCache token hit rate {rate:.0%} during chaos ({chaos['lmcache_hit_tokens']:.0f}/"
+             f"{chaos['lmcache_requested_tokens']:.0f} tokens; L1 {chaos['lmcache_l1_hit_tokens']:.0f}, "
+             f"L2 {chaos['lmcache_l2_hit_tokens']:.0f})")
+    if correctness_failed and rate >= opts.honesty_threshold:
+        details["honesty_alarm"] = True
+        return CheckResult("hit_rate", "fail", f"HIT RATE IS NOT CORRECTNESS: {shown} while responses were wrong",
+                           evidence, details)
+    if opts.min is not None and rate < opts.min:
+        return CheckResult("hit_rate", "fail", f"{shown}, below the expected minimum {opts.min:.0%}", evidence, details)
+    return CheckResult("hit_rate", "pass", shown, evidence, details)

@@ -1,0 +1,112 @@
+"""The ``kvdrill`` command. Exit status: 0 PASS, 1 FAIL, 2 ERROR, 3 ABORTED; with ``expect:`` in the
+scenario, 0 means the expectation held and 1 that it did not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from drills.scenario import ScenarioError, json_schema, load_scenario
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded CPU stack (real LMCache + vLLM), for learning.")
+app.add_typer(sandbox_app, name="sandbox")
+out = Console()
+err = Console(stderr=True)
+
+REPORTS = typer.Option(Path("reports"), "--reports-dir", help="where run directories are written")
+
+
+def _load(path: Path):
+    try:
+        return load_scenario(path)
+    except ScenarioError as exc:
+        typer.echo(f"invalid scenario\n{exc.render()}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")) -> None:
+    """Check scenario files against the schema and the installed injectors; no side effects."""
+    bad = 0
+    for f in files:
+        try:
+            loaded = load_scenario(f)
+        except ScenarioError as exc:
+            bad += 1
+            typer.echo(exc.render(), err=True)
+            continue
+        faults = ", ".join(x.injector for x in loaded.scenario.chaos.faults) or "no faults"
+        typer.echo(f"{f}: ok ({loaded.scenario.name}: {faults})")
+    raise typer.Exit(2 if bad else 0)
+
+
+@app.command()
+def schema() -> None:
+    """Print the scenario JSON Schema (for editors)."""
+    out.print_json(json.dumps(json_schema()))
+
+
+@app.command()
+def setup() -> None:
+    """Install the pinned stack venv and convert the bundled model (idempotent, cached)."""
+    from drills.provision import SetupError
+    from drills.provision import setup as do_setup
+
+    try:
+        do_setup(err)
+    except SetupError as exc:
+        err.print(f"[red]setup failed:[/] {exc}")
+        raise typer.Exit(2) from exc
+
+
+@app.command()
+def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir: Path = REPORTS,
+        keep: bool = typer.Option(False, "--keep", help="leave the stack running after the drill")) -> None:
+    """Run one drill end to end on a stack it starts, and write its report."""
+    from drills.report import headline
+    from drills.runner import Runner
+
+    loaded = _load(scenario)
+    runner = Runner(loaded, reports_dir, keep=keep, console=err)
+    typer.echo(f"run {runner.run_id} -> {runner.run_dir}", err=True)
+    try:
+        outcome = asyncio.run(runner.run())
+    except KeyboardInterrupt:
+        raise typer.Exit(3) from None
+    doc = json.loads((outcome.run_dir / "verdict.json").read_text())
+    typer.echo(headline(doc))
+    typer.echo(f"report: {outcome.run_dir / 'report.md'}")
+    raise typer.Exit(outcome.exit_code)
+
+
+@sandbox_app.command("up")
+def sandbox_up(reports_dir: Path = REPORTS) -> None:
+    """Start the sandbox stack and leave it running (state in REPORTS/sandbox.json)."""
+    from drills.stack import control
+
+    raise typer.Exit(control.up(reports_dir, err))
+
+
+@sandbox_app.command("down")
+def sandbox_down(reports_dir: Path = REPORTS) -> None:
+    """Stop the sandbox started by `sandbox up` (only the process groups it recorded)."""
+    from drills.stack import control
+
+    raise typer.Exit(control.down(reports_dir, err))
+
+
+@sandbox_app.command("status")
+def sandbox_status(reports_dir: Path = REPORTS) -> None:
+    """Show the sandbox's services, pids, ports and health."""
+    from drills.stack import control
+
+    raise typer.Exit(control.status(reports_dir, out))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,55 @@
+"""Time values with units, as scenario authors write them ("30s", "2m", "500ms", "1h30m")."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+DURATION_PATTERN = r"^\s*(\d+(\.\d+)?(ms|s|m|h))+\s*$|^\d+(\.\d+)?$"
+
+
+def parse_duration(value: object) -> float:
+    """Seconds as a float. Bare numbers are seconds; strings chain parts like "1m30s"."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as '30s', '2m' or '500ms', got a boolean")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a duration such as '30s', '2m' or '500ms', got {type(value).__name__}")
+    text = value.strip().replace(" ", "")
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    pos, total = 0, 0.0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(
+            f"invalid duration {value!r}: use a number with a unit (ms, s, m, h), e.g. '30s', '2m', '1m30s'"
+        )
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:g}s"
+    return f"{seconds / 60:g}m"
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema({"type": ["string", "number"], "pattern": DURATION_PATTERN,
+                    "description": "seconds, or a string with units: '500ms', '30s', '2m', '1h'"}),
+]

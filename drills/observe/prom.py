@@ -1,0 +1,26 @@
+"""Prometheus text scraped from the components, reduced to the series kvdrill reasons about."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# Series whose deltas the checkers use; everything else stays in the raw snapshot on disk.
+KEPT_PREFIXES = ("lmcache_mp_", "vllm:prefix_cache", "vllm:external_prefix_cache", "vllm:prompt_tokens",
+                 "vllm:num_requests", "vllm:kv_cache_usage", "vllm:request_success")
+
+
+def parse(text: str, prefixes: tuple[str, ...] = KEPT_PREFIXES) -> dict[str, float]:
+    """``{'name{label="v",...}': value}`` for every sample whose name starts with one of ``prefixes``."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith(prefixes):
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+    return out
+
+
+def total(samples: dict[str, float], name: str) -> float:
+    """Sum of a metric over all its label sets (``name`` without labels)."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))

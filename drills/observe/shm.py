@@ -1,0 +1,64 @@
+"""Host shared memory as LMCache on CPU uses it: ``/dev/shm`` segments and the kernel's Shmem total.
+
+Two real LMCache 0.5.6 leaks live here (shared/facts/vllm-lmcache-cpu.md §8): the vLLM worker leaves
+``/dev/shm/lmcache_kv_<pid>_0`` at every shutdown, and the MP server keeps every registered segment
+mapped (visible as ``(deleted)`` mappings in its ``/proc/<pid>/maps``). kvdrill observes both and cleans
+only the segments of processes it started.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+_SEGMENT = re.compile(r"^lmcache_kv_(\d+)_\d+$")
+
+
+@dataclass(frozen=True)
+class ShmSnapshot:
+    segments: dict[str, int]  # name -> bytes, lmcache_kv_* only
+    shmem_bytes: int  # /proc/meminfo Shmem
+
+    def as_dict(self) -> dict[str, object]:
+        return {"segments": self.segments, "shmem_bytes": self.shmem_bytes}
+
+
+def snapshot() -> ShmSnapshot:
+    segments = {}
+    for entry in SHM_DIR.glob("lmcache_kv_*"):
+        try:
+            segments[entry.name] = entry.stat().st_size
+        except FileNotFoundError:
+            continue
+    return ShmSnapshot(segments=dict(sorted(segments.items())), shmem_bytes=meminfo("Shmem"))
+
+
+def meminfo(field: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name == field:
+            return int(rest.split()[0]) * 1024
+    return 0
+
+
+def segments_of(pids: set[int]) -> list[Path]:
+    """Segments named after one of ``pids`` (vLLM workers name them ``lmcache_kv_<pid>_<i>``)."""
+    found = []
+    for entry in SHM_DIR.glob("lmcache_kv_*"):
+        m = _SEGMENT.match(entry.name)
+        if m and int(m.group(1)) in pids:
+            found.append(entry)
+    return sorted(found)
+
+
+def deleted_mappings(pid: int) -> int:
+    """Distinct deleted ``lmcache_kv_*`` segments still mapped by ``pid`` (the server-side leak)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return 0
+    names = {line.split()[-2] for line in maps.splitlines()
+             if "/dev/shm/lmcache_kv_" in line and line.endswith("(deleted)")}
+    return len(names)

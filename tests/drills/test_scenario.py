@@ -1,0 +1,106 @@
+from pathlib import Path
+
+import pytest
+
+from drills.scenario import ScenarioError, json_schema, load_scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOGUE = sorted((REPO / "scenarios").rglob("*.yaml"))
+
+
+def problems(text: str):
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, Path("s.yaml"))
+    return exc.value
+
+
+@pytest.mark.parametrize("path", CATALOGUE, ids=lambda p: str(p.relative_to(REPO)))
+def test_catalogue_validates(path):
+    loaded = load_scenario(path)
+    assert loaded.scenario.name
+    assert len(loaded.fault_params) == len(loaded.scenario.chaos.faults)
+
+
+def test_catalogue_is_not_empty():
+    assert len(CATALOGUE) >= 2
+
+
+def test_typo_names_line_key_and_allowed_keys():
+    err = problems("name: x\nworkload:\n  prompts: 2\n  max_tokenz: 8\n")
+    [p] = err.problems
+    assert p.line == 4 and p.key == "workload.max_tokenz"
+    assert "did you mean 'max_tokens'" in p.message and "allowed keys: prompts," in p.message
+    assert err.render().startswith("s.yaml:4: workload.max_tokenz: unknown key")
+
+
+def test_wrong_type_names_the_value():
+    [p] = problems("name: x\nworkload:\n  concurrency: lots\n").problems
+    assert p.line == 3 and p.key == "workload.concurrency" and "'lots'" in p.message
+
+
+def test_unknown_injector_lists_installed_ones():
+    [p] = problems("name: x\nchaos:\n  faults:\n    - injector: kv_corupt\n").problems
+    assert p.line == 4 and p.key == "chaos.faults[0].injector"
+    assert "did you mean 'kv_corrupt'" in p.message and "allowed values: kv_corrupt" in p.message
+
+
+def test_bad_literal_lists_allowed_values():
+    [p] = problems("name: x\nchaos:\n  actions: [clear_l2]\n").problems
+    assert p.line == 3 and "allowed values: 'clear_l1', 'restart_engine'" in p.message
+
+
+def test_injector_params_are_validated_by_the_family():
+    text = ("name: x\nchaos:\n  faults:\n    - injector: kv_corrupt\n      params:\n"
+            "        mode: bitflip\n        bitz: 3\n    - injector: kv_corrupt\n      params: {mode: melt}\n")
+    err = problems(text)
+    by_key = {p.key: p for p in err.problems}
+    assert by_key["chaos.faults[0].params.bitz"].line == 7
+    assert "allowed keys: prompts, chunk, mode, bits, bit_class" in by_key["chaos.faults[0].params.bitz"].message
+    assert "'melt' is not allowed; allowed values: 'bitflip', 'zero'" in by_key["chaos.faults[1].params.mode"].message
+
+
+def test_every_problem_is_reported_in_one_pass():
+    err = problems("name: x\nworkload: {promts: 2}\nchaos:\n  faults:\n    - injector: nope\n  actions: [x]\n")
+    assert {p.key for p in err.problems} == {"workload.promts", "chaos.faults[0].injector", "chaos.actions[0]"}
+
+
+def test_durations_accept_units():
+    s = parse_scenario("name: x\nworkload: {request_timeout: 2m}\nstack: {lmcache: {l1_read_ttl: 500ms}}\n",
+                       Path("s.yaml")).scenario
+    assert s.workload.request_timeout == 120 and s.stack.lmcache.l1_read_ttl == 0.5
+
+
+def test_bad_duration():
+    [p] = problems("name: x\nworkload: {request_timeout: soon}\n").problems
+    assert p.key == "workload.request_timeout" and "invalid duration" in p.message
+
+
+def test_chunk_size_must_be_block_multiple():
+    [p] = problems("name: x\nstack: {lmcache: {chunk_size: 200}}\n").problems
+    assert "multiple of 128" in p.message
+
+
+def test_expect_cannot_both_fail_and_pass():
+    [p] = problems("name: x\nexpect: {verdict: fail, failing_checks: [correctness], passing_checks: [correctness]}\n").problems
+    assert "both fail and pass" in p.message
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "must be a mapping"), ("- a\n- b\n", "must be a mapping"), ("name: [unclosed\n", "YAML syntax error"),
+    ("workload: {}\n", "required key is missing"),
+])
+def test_malformed_files(text, needle):
+    assert needle in problems(text).render()
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(tmp_path / "missing.yaml")
+    assert "cannot read scenario" in str(exc.value)
+
+
+def test_schema_includes_injector_params():
+    schema = json_schema()
+    fault = schema["$defs"]["FaultSpec"]["oneOf"]
+    assert [v["properties"]["injector"]["const"] for v in fault] == ["kv_corrupt"]
+    assert "Scenario" not in schema["$defs"] and schema["properties"]["workload"]
