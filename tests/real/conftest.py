@@ -1,0 +1,53 @@
+"""Real-component tests: they run the sandbox that `make setup` installed; a missing install is a
+failure with the fix in the message, never a skip."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from drills.pins import load_pins, model_dir, stack_python
+from drills.stack.process import group_members
+from drills.observe import shm
+
+REPO = Path(__file__).resolve().parents[2]
+KVDRILL = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "kvdrill"
+ARTIFACTS = REPO / "reports" / "tests"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/real/" in str(item.fspath):
+            item.add_marker(pytest.mark.real)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def installed_stack():
+    problems = []
+    if not stack_python().exists():
+        problems.append(f"no stack venv at {stack_python()}")
+    if not (model_dir(load_pins()) / "model.safetensors").exists():
+        problems.append(f"no model at {model_dir(load_pins())}")
+    if problems:
+        pytest.fail("; ".join(problems) + " — run `make setup` (make test does it first)", pytrace=False)
+
+
+def started_pids(journal: Path) -> set[int]:
+    pids = set()
+    for line in journal.read_text().splitlines():
+        event = json.loads(line)
+        if event["type"] == "service.started":
+            pids.add(event["data"]["pid"])
+    return pids
+
+
+def assert_nothing_left(pids: set[int]) -> None:
+    """No process group the run started is alive, and no LMCache segment named after its processes."""
+    alive = {pid: group_members(pid) for pid in pids if group_members(pid)}
+    assert not alive, f"process groups left running: {alive}"
+    leftovers = [s.name for s in shm.SHM_DIR.glob("lmcache_kv_*")
+                 if any(s.name.startswith(f"lmcache_kv_{p}_") for p in pids)]
+    assert not leftovers, f"shared-memory segments left behind: {leftovers}"

