@@ -48,7 +48,7 @@ def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")
 @app.command()
 def schema() -> None:
     """Print the scenario JSON Schema (for editors)."""
-    out.print_json(json.dumps(json_schema()))
+    typer.echo(json.dumps(json_schema(), indent=2))
 
 
 @app.command()
@@ -77,6 +77,8 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
     try:
         outcome = asyncio.run(runner.run())
     except KeyboardInterrupt:
+        # asyncio re-raises Ctrl-C after the runner healed, stopped the stack and wrote the report
+        typer.echo(f"ABORTED: interrupted; faults healed, stack stopped. report: {runner.run_dir / 'report.md'}")
         raise typer.Exit(3) from None
     doc = json.loads((outcome.run_dir / "verdict.json").read_text())
     typer.echo(headline(doc))

@@ -14,7 +14,8 @@ def parse(text: str, prefixes: tuple[str, ...] = KEPT_PREFIXES) -> dict[str, flo
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if not sample.name.startswith(prefixes):
+            # histogram buckets would multiply every snapshot by ~15; _sum and _count stay
+            if not sample.name.startswith(prefixes) or sample.name.endswith("_bucket"):
                 continue
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             out[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)

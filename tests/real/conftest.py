@@ -18,12 +18,6 @@ KVDRILL = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "kvdrill
 ARTIFACTS = REPO / "reports" / "tests"
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "tests/real/" in str(item.fspath):
-            item.add_marker(pytest.mark.real)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def installed_stack():
     problems = []

@@ -10,6 +10,9 @@ import pytest
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
 
+pytestmark = pytest.mark.real
+
+
 FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"
 TWIN = REPO / "scenarios/flagship/hit-rate-is-not-correctness-aesgcm.yaml"
 

@@ -21,6 +21,9 @@ from injectors.kv_corrupt import KvCorrupt, KvCorruptParams, sha256_file
 
 from .conftest import ARTIFACTS, KVDRILL, assert_nothing_left
 
+pytestmark = pytest.mark.real
+
+
 # SmolLM2-135M, fp32: 30 layers x (K+V) x 3 KV heads x 64 x 256 tokens x 4 bytes
 CHUNK_FILE_BYTES = 11_796_480
 WORKLOAD = WorkloadSpec(prompts=2, shared_prefix_tokens=512, unique_tokens=560, max_tokens=4, concurrency=2)
