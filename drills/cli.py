@@ -1,5 +1,5 @@
 """The ``kvdrill`` command. Exit status: 0 PASS, 1 FAIL, 2 ERROR, 3 ABORTED; with ``expect:`` in the
-scenario, 0 means the expectation held and 1 that it did not."""
+scenario, 0 means the expectation held and 1 that it did not (2 and 3 keep their meaning)."""
 
 from __future__ import annotations
 

@@ -265,7 +265,7 @@ def _plain(node: Any) -> Any:
 
 
 def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest YAML node on ``loc`` that exists."""
+    """1-based line of the deepest YAML node on ``loc`` that exists (a missing key points at its parent)."""
     line = 1
     node = data
     for part in loc:
@@ -275,11 +275,6 @@ def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
         elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
             line = node.lc.item(part)[0] + 1
             node = node[part]
-        elif isinstance(node, (CommentedMap, CommentedSeq)):
-            if isinstance(node, CommentedMap) and node.lc.line is not None and part not in node:
-                # a discriminator tag or a missing key: stay on the deepest real node
-                continue
-            break
         else:
             break
     return line

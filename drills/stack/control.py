@@ -28,12 +28,14 @@ def _state_path(reports_dir: Path) -> Path:
     return reports_dir / STATE
 
 
-def _cmdline(pid: int) -> list[str] | None:
+def _runs(pid: int, argv: list[str]) -> bool:
+    """Whether ``pid`` still runs the command we started (a script's interpreter may precede it)."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return None
-    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+        return False
+    actual = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return len(actual) >= len(argv) and actual[len(actual) - len(argv):] == argv
 
 
 def up(reports_dir: Path, console: Console) -> int:
@@ -61,7 +63,7 @@ def up(reports_dir: Path, console: Console) -> int:
     except StackError as exc:
         console.print(f"[red]sandbox failed to start:[/] {exc}")
         return 2
-    state = stack.state()
+    state = {**stack.state(), "shm_before": sorted(stack.driver.shm_before)}
     state_path.write_text(json.dumps(state, indent=2) + "\n")
     journal.close()
     for name, url in state["urls"].items():
@@ -82,7 +84,7 @@ def down(reports_dir: Path, console: Console) -> int:
     async def stop_all() -> None:
         for name, svc in sorted(state["services"].items(), key=lambda kv: kv[0] == "lmcache"):
             pid = svc["pid"]
-            if _cmdline(pid) != svc["argv"]:
+            if not _runs(pid, svc["argv"]):
                 if group_members(pid):
                     console.print(f"{name}: pid {pid} now runs something else; refusing to signal it")
                 else:
@@ -90,7 +92,7 @@ def down(reports_dir: Path, console: Console) -> int:
                 continue
             members = group_members(pid) | {pid}
             sent = await terminate_group(pid)
-            cleaned = remove_shm_of(members)
+            cleaned = remove_shm_of(members, set(state.get("shm_before", [])))
             journal.append("service.stopped", service=name, pid=pid, signals=sent, group=sorted(members),
                            shm_segments_left_behind=cleaned)
             console.print(f"{name}: stopped ({', '.join(sent)}), removed {len(cleaned)} leaked shm segment(s)")
@@ -110,7 +112,7 @@ def status(reports_dir: Path, console: Console) -> int:
     table = Table("service", "pid", "running", "health", "url")
     healthy = True
     for name, svc in state["services"].items():
-        running = _cmdline(svc["pid"]) == svc["argv"]
+        running = _runs(svc["pid"], svc["argv"])
         try:
             code = httpx.get(svc["health"], timeout=2).status_code
         except httpx.HTTPError as exc:

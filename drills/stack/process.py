@@ -49,6 +49,7 @@ class RunningService:
     generation: int
     started_at: float
     ready_s: float | None = None
+    members: set[int] = field(default_factory=set)  # every pid seen in the group, for shm attribution
 
     @property
     def pid(self) -> int:
@@ -107,20 +108,48 @@ async def terminate_group(pgid: int, sig: int = signal.SIGTERM, grace: float = 3
     return sent
 
 
-def remove_shm_of(members: set[int]) -> list[dict[str, object]]:
-    """Delete the shared-memory files named after ``members`` and say what they were."""
-    cleaned: list[dict[str, object]] = []
-    for seg in shm.segments_of(members):
+def shm_in_use() -> set[str]:
+    """Names under /dev/shm that some live process has open or mapped."""
+    used: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
         try:
-            size = seg.stat().st_size
-            seg.unlink()
-            cleaned.append({"segment": seg.name, "bytes": size})
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/"):].removesuffix(" (deleted)"))
+            for line in (proc / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    used.add(line.split("/dev/shm/", 1)[1].removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return used
+
+
+def remove_shm_of(members: set[int], existed_before: set[str] | None = None) -> list[dict[str, object]]:
+    """Delete what the stopped group left in /dev/shm, and say what it was.
+
+    Two kinds are ours to remove: files named after a member of the group (LMCache's vLLM-side
+    ``lmcache_kv_<pid>_*`` leak, OpenMP's ``__KMP_REGISTERED_LIB_<pid>_*``), and the unnamed
+    multiprocessing files (``psm_*``, ``sem.mp-*``) that killed workers leave, when they appeared after
+    ``existed_before`` was taken and no live process holds them any more. Anything else is left alone.
+    """
+    cleaned: list[dict[str, object]] = []
+    candidates = set(shm.segments_of(members)) | {
+        p for p in shm.SHM_DIR.glob("__KMP_REGISTERED_LIB_*")
+        if p.name.split("_")[-2].isdigit() and int(p.name.split("_")[-2]) in members}
+    if existed_before is not None:
+        fresh = {p for p in shm.SHM_DIR.iterdir() if p.name not in existed_before
+                 and p.name.startswith(("psm_", "sem.mp-"))}
+        if fresh:
+            used = shm_in_use()
+            candidates |= {p for p in fresh if p.name not in used}
+    for path in sorted(candidates):
+        try:
+            size = path.stat().st_size
+            path.unlink()
+            cleaned.append({"segment": path.name, "bytes": size})
         except FileNotFoundError:
             continue
-    for kmp in Path("/dev/shm").glob("__KMP_REGISTERED_LIB_*"):
-        owner = kmp.name.split("_")[-2]
-        if owner.isdigit() and int(owner) in members:
-            kmp.unlink(missing_ok=True)
     return cleaned
 
 
@@ -130,6 +159,8 @@ class ProcessDriver:
         self.journal = journal
         self.services: dict[str, RunningService] = {}
         self._generations: dict[str, int] = {}
+        # what /dev/shm held before this driver started anything: never ours to clean
+        self.shm_before = {p.name for p in shm.SHM_DIR.iterdir()}
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, spec: ServiceSpec) -> RunningService:
@@ -165,6 +196,7 @@ class ProcessDriver:
                                  f"{log_tail(svc.log_path)}")
             await asyncio.sleep(0.5)
         svc.ready_s = time.monotonic() - svc.started_at
+        svc.members |= group_members(svc.pid)
         self.journal.append("service.healthy", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
                             ready_s=round(svc.ready_s, 2))
         log.info("service healthy", service=svc.spec.name, ready_s=round(svc.ready_s, 1))
@@ -173,10 +205,10 @@ class ProcessDriver:
         svc = self.services.get(name)
         if svc is None:
             return
-        members = group_members(svc.pid) | {svc.pid}
+        members = svc.members | group_members(svc.pid) | {svc.pid}
         sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
         svc.popen.wait()
-        cleaned = remove_shm_of(members)
+        cleaned = remove_shm_of(members, self.shm_before)
         del self.services[name]
         self.journal.append("service.stopped", service=name, pid=svc.pid, generation=svc.generation,
                             signals=sent, returncode=svc.popen.returncode, group=sorted(members),

@@ -19,6 +19,15 @@ ARTIFACTS = REPO / "reports" / "tests"
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """After the whole real suite, /dev/shm holds nothing that was not there before it."""
+    before = {p.name for p in shm.SHM_DIR.iterdir()}
+    yield
+    left = {p.name for p in shm.SHM_DIR.iterdir()} - before
+    assert not left, f"the real tests left shared-memory segments behind: {sorted(left)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
 def installed_stack():
     problems = []
     if not stack_python().exists():

@@ -8,6 +8,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from drills.observe.logs import ANSI
+
 from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
 
 pytestmark = pytest.mark.real
@@ -68,7 +70,8 @@ def test_flagship_evidence_points_at_real_records(flagship):
     assert any("Retrieved" in e["text"] for e in logs)
     for ev in logs:
         path, line = ev["ref"].rsplit(":", 1)
-        assert ev["text"][:60] in (run_dir / path).read_text(errors="replace").splitlines()[int(line) - 1]
+        raw = (run_dir / path).read_text(errors="replace").splitlines()[int(line) - 1]
+        assert ev["text"][:60] in ANSI.sub("", raw)
     cases = ET.parse(run_dir / "junit.xml").getroot().findall("testcase")
     assert {c.get("name") for c in cases} == {"correctness", "degenerate", "hit_rate"}
     versions = json.loads((run_dir / "versions.json").read_text())

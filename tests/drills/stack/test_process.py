@@ -56,7 +56,7 @@ async def test_start_health_stop_escalates_and_cleans_shm(tmp_path):
     journal.close()
     [stopped] = [e for e in read_history(tmp_path).events if e.type == "service.stopped"]
     assert stopped.data["signals"] == ["SIGTERM", "SIGKILL"]
-    assert stopped.data["shm_segments_left_behind"] == [{"segment": f"lmcache_kv_{child}_0", "bytes": 4096}]
+    assert {"segment": f"lmcache_kv_{child}_0", "bytes": 4096} in stopped.data["shm_segments_left_behind"]
     assert "generation 1" in (tmp_path / "logs" / "svc.log").read_text()
 
 
