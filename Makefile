@@ -28,6 +28,7 @@ demo: setup
 	@cat reports/demo/flagship.last reports/demo/twin.last
 
 test-unit: $(VENV)/.installed
+	$(BIN)/ruff check drills injectors tests bench
 	$(BIN)/pytest -q -m "not real"
 
 test-real: setup

@@ -172,7 +172,6 @@ class LoadedScenario:
     path: Path
     scenario: Scenario
     fault_params: list[BaseModel]  # one validated params model per chaos.faults entry
-    text: str
 
 
 def load_scenario(path: Path | str) -> LoadedScenario:
@@ -211,7 +210,7 @@ def parse_scenario(text: str, path: Path) -> LoadedScenario:
     problems += fault_problems
     if problems or scenario is None:
         raise ScenarioError(path, sorted(problems, key=lambda p: (p.line or 0, p.key)))
-    return LoadedScenario(path=path, scenario=scenario, fault_params=params, text=text)
+    return LoadedScenario(path=path, scenario=scenario, fault_params=params)
 
 
 def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel], list[Problem]]:

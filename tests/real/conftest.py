@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from drills.observe import shm
 from drills.pins import load_pins, model_dir, stack_python
 from drills.stack.process import group_members
-from drills.observe import shm
 
 REPO = Path(__file__).resolve().parents[2]
 KVDRILL = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "kvdrill"
