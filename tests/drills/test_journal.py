@@ -1,5 +1,8 @@
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from drills.journal import Journal, read_history
 
 
@@ -39,3 +42,12 @@ def test_torn_and_garbage_lines_are_reported_not_raised(tmp_path):
 def test_missing_journal(tmp_path):
     h = read_history(tmp_path / "nope")
     assert h.events == [] and "cannot read journal" in h.problems[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_any_bytes_read_as_a_history_without_raising(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("j") / "journal.jsonl"
+    path.write_bytes(data)
+    history = read_history(path)
+    assert all(p.startswith(str(path)) for p in history.problems)

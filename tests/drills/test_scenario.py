@@ -1,6 +1,9 @@
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drills.scenario import ScenarioError, json_schema, load_scenario, parse_scenario
 
@@ -104,3 +107,30 @@ def test_schema_includes_injector_params():
     fault = schema["$defs"]["FaultSpec"]["oneOf"]
     assert [v["properties"]["injector"]["const"] for v in fault] == ["kv_corrupt"]
     assert "Scenario" not in schema["$defs"] and schema["properties"]["workload"]
+
+
+_yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5000), st.floats(allow_nan=False, width=32),
+                          st.text(max_size=12), st.sampled_from(["30s", "2m", "zero", "all", "kv_corrupt", "bitflip"]))
+_keys = st.sampled_from(["name", "seed", "stack", "workload", "chaos", "faults", "injector", "params", "mode",
+                         "chunk", "prompts", "expect", "verdict", "lmcache", "l2_serde", "actions", "x"])
+_docs = st.recursive(_yaml_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                             st.dictionaries(_keys, inner, max_size=5)), max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_docs)
+def test_any_document_either_loads_or_raises_scenario_error(doc):
+    text = json.dumps(doc)  # JSON is YAML: arbitrary nesting of the scenario's own keys
+    try:
+        parse_scenario(text, Path("fuzz.yaml"))
+    except ScenarioError as exc:
+        assert exc.problems and all(p.message for p in exc.problems)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_either_loads_or_raises_scenario_error(text):
+    try:
+        parse_scenario(text, Path("fuzz.yaml"))
+    except ScenarioError as exc:
+        assert exc.render().startswith("fuzz.yaml:")
