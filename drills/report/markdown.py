@@ -55,6 +55,22 @@ def markdown(doc: dict[str, Any], history: History) -> str:
                    f"{len(h['already_healed'])} already intact ({h['ref']})")
     if not doc["faults"]:
         out.append("- none injected")
+    out += ["", "## Host shared memory", "",
+            "LMCache 0.5.6 on CPU leaks here: the server keeps every restarted engine's KV segment mapped, and "
+            "each vLLM shutdown leaves its segment file behind.", "",
+            "| phase end | Shmem | lmcache_kv segments | deleted segments still mapped by the LMCache server |",
+            "|---|---|---|---|"]
+    for e in history.of_type("observe.shm"):
+        mapped = e.data.get("lmcache_server_deleted_mappings")
+        out.append(f"| {e.phase} | {e.data['shmem_bytes'] / 2**20:.0f} MiB | {len(e.data['segments'])} | "
+                   f"{'-' if mapped is None else mapped} |")
+    left = [(e.data["service"], s) for e in history.of_type("service.stopped")
+            for s in e.data.get("shm_segments_left_behind", [])]
+    if left:
+        out.append("")
+    for service, seg in left:
+        out.append(f"- `{service}` left `{seg['segment']}` ({seg['bytes'] / 2**20:.0f} MiB) behind at shutdown; "
+                   "kvdrill removed it")
     out += ["", "## Timeline", "", "| phase | took | note |", "|---|---|---|"]
     for e in history.of_type("phase.finished"):
         out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")
