@@ -134,7 +134,21 @@ class KvCorrupt(Injector):
                 key = entry["path"]
             by_path.setdefault(key, {**entry, "prompts": []})["prompts"].append(pid)
         self.targets = list(by_path.values())
+        if isinstance(spec, Swap):
+            self._refuse_overlapping_swaps()
         return self.targets
+
+    def _refuse_overlapping_swaps(self) -> None:
+        """Two swaps that share a file would permute three chunks, not swap two: refuse, and say why."""
+        seen: dict[str, list[int]] = {}
+        for t in self.targets:
+            for path in (t["path"], t["other_path"]):
+                if path in seen:
+                    raise InjectionError(
+                        f"kv_corrupt swap: chunk file {Path(path).name[-24:]} belongs to two swaps (prompts "
+                        f"{seen[path]} and {t['prompts']}): one of the chunks lies in the shared prefix. Swap two "
+                        "shared chunks, two unique ones, or name a single prompt")
+                seen[path] = t["prompts"]
 
     def _chunk(self, row, index: int, pid: int):
         if index >= len(row):

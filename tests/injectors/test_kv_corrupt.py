@@ -184,6 +184,7 @@ async def test_stale_refuses_a_shared_chunk(world):
     ({"mode": "zero", "chunk": 9}, "chunk 9 does not exist"),
     ({"mode": "zero", "prompts": [5]}, "prompts [5] do not exist"),
     ({"mode": "swap", "chunk": 1, "with_chunk": 1}, "must differ"),
+    ({"mode": "swap", "chunk": 1, "with_chunk": 2}, "belongs to two swaps"),
 ])
 async def test_targets_that_match_nothing_are_errors(world, params, needle):
     with pytest.raises(InjectionError, match=needle.replace("[", r"\[").replace("]", r"\]")):
