@@ -197,10 +197,15 @@ class KvCorrupt(Injector):
                               "size": Path(path).stat().st_size})
         # the undo record is durable before the first byte changes, so `kvdrill rollback` can heal a crash
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name, restore=self.undo)
+        # stale sources may themselves be targets (prompt 0 takes 1's chunk while 1 takes 2's ...): read every
+        # source before the first write, so each target gets the original bytes, not an already-stale copy
+        sources = {t["source_path"]: Path(t["source_path"]).read_bytes() for t in self.targets if "source_path" in t}
         for t in self.targets:
-            t["applied"] = self._apply(t)
+            if "source_path" in t:
+                t["source_sha256"] = hashlib.sha256(sources[t["source_path"]]).hexdigest()
+            t["applied"] = self._apply(t, sources)
 
-    def _apply(self, t: dict[str, Any]) -> dict[str, Any]:
+    def _apply(self, t: dict[str, Any], sources: dict[str, bytes]) -> dict[str, Any]:
         spec, path = self.spec, Path(t["path"])
         if isinstance(spec, Bitflip):
             size = path.stat().st_size
@@ -239,9 +244,8 @@ class KvCorrupt(Injector):
             path.write_bytes(b)
             other.write_bytes(a)
             return {"swapped_with": str(other)}
-        source = Path(t["source_path"])
-        shutil.copyfile(source, path)
-        return {"copied_from": str(source)}
+        path.write_bytes(sources[t["source_path"]])
+        return {"copied_from": t["source_path"]}
 
     async def verify(self) -> Proof:
         before = {u["path"]: u for u in self.undo}
@@ -263,7 +267,7 @@ class KvCorrupt(Injector):
                 changed = changed and now == before[t["other_path"]]["sha256"] and \
                     row["other_sha256_after"] == row["sha256_before"]
             if isinstance(self.spec, Stale):
-                row["source_sha256"] = sha256_file(Path(t["source_path"]))
+                row["source_sha256"] = t["source_sha256"]
                 changed = changed and now == row["source_sha256"]
             row["changed"] = changed
             effective = effective and changed

@@ -175,6 +175,15 @@ async def test_stale_copies_the_same_chunk_of_another_prompt(world):
     await assert_healed(inj, originals)
 
 
+async def test_stale_for_every_prompt_uses_the_original_sources(world):
+    # prompt 0 takes prompt 1's chunk while prompt 1 takes prompt 0's: a cycle of sources and targets
+    inj, originals, proof = await injected(world, {"mode": "stale", "chunk": 2})
+    a, b = (Path(t["path"]) for t in inj.targets)
+    assert a.read_bytes() == originals[b] and b.read_bytes() == originals[a]
+    assert proof.effective
+    await assert_healed(inj, originals)
+
+
 async def test_stale_refuses_a_shared_chunk(world):
     with pytest.raises(InjectionError, match="shared prefix"):
         await make(world, {"mode": "stale", "chunk": 1}).plan()
