@@ -7,7 +7,6 @@ is corrected, and a second call does nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from drills.digest import sha256_file
 from drills.pins import Pins, load_pins, model_dir, stack_python, stack_venv
 from drills.stack.sandbox import PROBE
 
@@ -26,14 +26,6 @@ MODEL_RECORD = "kvdrill-model.json"
 
 class SetupError(RuntimeError):
     pass
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def installed_versions(dists: list[str]) -> dict[str, str | None]:

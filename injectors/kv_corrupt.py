@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from drills.digest import sha256_file
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 FP32_EXPONENT_BITS = range(23, 31)  # bit 31 is the sign; 23..30 the exponent of a little-endian float32
@@ -64,14 +65,6 @@ class Stale(_Target):
 class KvCorruptParams(RootModel[Annotated[Union[Bitflip, Zero, Truncate, Delete, Swap, Stale],
                                           Field(discriminator="mode")]]):
     pass
-
-
-def sha256_file(path: Path) -> str | None:
-    try:
-        with path.open("rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
-    except FileNotFoundError:
-        return None
 
 
 def restore(entries: list[dict[str, Any]]) -> HealReport:

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from drills.digest import sha256_file
 from drills.journal import Journal, read_history
 from drills.scenario import StackSpec
 from drills.stack.sandbox import ChunkFile
 from drills.workload import Prompt, PromptSet
 from injectors.base import InjectionContext, InjectionError
-from injectors.kv_corrupt import KvCorrupt, KvCorruptParams, restore, sha256_file
+from injectors.kv_corrupt import KvCorrupt, KvCorruptParams, restore
 
 CHUNK = 4
 FILE_BYTES = 4096

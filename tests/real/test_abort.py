@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from injectors.kv_corrupt import sha256_file
+from drills.digest import sha256_file
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
 

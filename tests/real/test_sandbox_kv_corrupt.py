@@ -12,12 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from drills.digest import sha256_file
 from drills.journal import Journal
 from drills.scenario import WorkloadSpec
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
 from drills.workload import EngineClient, build_prompts, send_wave
 from injectors.base import InjectionContext, InjectionError
-from injectors.kv_corrupt import KvCorrupt, KvCorruptParams, sha256_file
+from injectors.kv_corrupt import KvCorrupt, KvCorruptParams
 
 from .conftest import ARTIFACTS, KVDRILL, assert_nothing_left
 
