@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
-_SEGMENT = re.compile(r"^lmcache_kv_(\d+)_\d+$")
+# files named after the process that made them: LMCache's vLLM-side segment and OpenMP's registration
+_PID_NAMED = re.compile(r"^(?:lmcache_kv|__KMP_REGISTERED_LIB)_(\d+)_\d+$")
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,12 @@ def meminfo(field: str) -> int:
     return 0
 
 
-def segments_of(pids: set[int]) -> list[Path]:
-    """Segments named after one of ``pids`` (vLLM workers name them ``lmcache_kv_<pid>_<i>``)."""
+def named_after(pids: set[int]) -> list[Path]:
+    """Files named after one of ``pids``: ``lmcache_kv_<pid>_<i>`` (vLLM workers) and
+    ``__KMP_REGISTERED_LIB_<pid>_<i>`` (Intel OpenMP in every vLLM process)."""
     found = []
-    for entry in SHM_DIR.glob("lmcache_kv_*"):
-        m = _SEGMENT.match(entry.name)
+    for entry in SHM_DIR.iterdir():
+        m = _PID_NAMED.match(entry.name)
         if m and int(m.group(1)) in pids:
             found.append(entry)
     return sorted(found)

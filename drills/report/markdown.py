@@ -65,7 +65,7 @@ def markdown(doc: dict[str, Any], history: History) -> str:
         out.append(f"| {e.phase} | {e.data['shmem_bytes'] / 2**20:.0f} MiB | {len(e.data['segments'])} | "
                    f"{'-' if mapped is None else mapped} |")
     left = [(e.data["service"], s) for e in history.of_type("service.stopped")
-            for s in e.data.get("shm_segments_left_behind", [])]
+            for s in e.data.get("shm_segments_left_behind", []) if s["segment"].startswith("lmcache_kv_")]
     if left:
         out.append("")
     for service, seg in left:

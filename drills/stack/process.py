@@ -125,7 +125,7 @@ def shm_in_use() -> set[str]:
     return used
 
 
-def remove_shm_of(members: set[int], existed_before: set[str] | None = None) -> list[dict[str, object]]:
+def remove_shm_of(members: set[int], existed_before: set[str]) -> list[dict[str, object]]:
     """Delete what the stopped group left in /dev/shm, and say what it was.
 
     Two kinds are ours to remove: files named after a member of the group (LMCache's vLLM-side
@@ -134,15 +134,11 @@ def remove_shm_of(members: set[int], existed_before: set[str] | None = None) -> 
     ``existed_before`` was taken and no live process holds them any more. Anything else is left alone.
     """
     cleaned: list[dict[str, object]] = []
-    candidates = set(shm.segments_of(members)) | {
-        p for p in shm.SHM_DIR.glob("__KMP_REGISTERED_LIB_*")
-        if p.name.split("_")[-2].isdigit() and int(p.name.split("_")[-2]) in members}
-    if existed_before is not None:
-        fresh = {p for p in shm.SHM_DIR.iterdir() if p.name not in existed_before
-                 and p.name.startswith(("psm_", "sem.mp-"))}
-        if fresh:
-            used = shm_in_use()
-            candidates |= {p for p in fresh if p.name not in used}
+    candidates = set(shm.named_after(members))
+    fresh = {p for p in shm.SHM_DIR.iterdir() if p.name not in existed_before and p.name.startswith(("psm_", "sem.mp-"))}
+    if fresh:
+        used = shm_in_use()
+        candidates |= {p for p in fresh if p.name not in used}
     for path in sorted(candidates):
         try:
             size = path.stat().st_size
