@@ -50,6 +50,7 @@ class RunningService:
     started_at: float
     ready_s: float | None = None
     members: set[int] = field(default_factory=set)  # every pid seen in the group, for shm attribution
+    stopping: bool = False  # kvdrill is stopping it: its exit is not a death
 
     @property
     def pid(self) -> int:
@@ -108,20 +109,29 @@ async def terminate_group(pgid: int, sig: int = signal.SIGTERM, grace: float = 3
     return sent
 
 
-def shm_in_use() -> set[str]:
-    """Names under /dev/shm that some live process has open or mapped."""
-    used: set[str] = set()
+def shm_inodes_in_use() -> set[int]:
+    """Inodes of /dev/shm files that some live process has open or mapped.
+
+    By inode, not by name: glibc's ``sem_open`` maps a temporary file and only then links it under its
+    final name (``sem.mp-*``), so the maps of the very process that owns a semaphore name a deleted
+    temp file, never the semaphore's own name."""
+    used: set[int] = set()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("/dev/shm/"):
-                    used.add(target[len("/dev/shm/"):].removesuffix(" (deleted)"))
-            for line in (proc / "maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    used.add(line.split("/dev/shm/", 1)[1].removesuffix(" (deleted)"))
+            fds = list((proc / "fd").iterdir())
+        except OSError:
+            fds = []
+        for fd in fds:  # each fd on its own: one closing under us must not hide the process's others
+            try:
+                if os.readlink(fd).startswith("/dev/shm/"):
+                    used.add(os.stat(fd).st_ino)
+            except OSError:
+                continue
+        try:
+            maps = (proc / "maps").read_text()
         except OSError:
             continue
+        used.update(int(line.split()[4]) for line in maps.splitlines() if "/dev/shm/" in line)
     return used
 
 
@@ -137,8 +147,8 @@ def remove_shm_of(members: set[int], existed_before: set[str]) -> list[dict[str,
     candidates = set(shm.named_after(members))
     fresh = {p for p in shm.SHM_DIR.iterdir() if p.name not in existed_before and p.name.startswith(("psm_", "sem.mp-"))}
     if fresh:
-        used = shm_in_use()
-        candidates |= {p for p in fresh if p.name not in used}
+        used = shm_inodes_in_use()
+        candidates |= {p for p in fresh if _inode(p) not in used}
     for path in sorted(candidates):
         try:
             size = path.stat().st_size
@@ -147,6 +157,13 @@ def remove_shm_of(members: set[int], existed_before: set[str]) -> list[dict[str,
         except FileNotFoundError:
             continue
     return cleaned
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
 
 
 class ProcessDriver:
@@ -201,6 +218,7 @@ class ProcessDriver:
         svc = self.services.get(name)
         if svc is None:
             return
+        svc.stopping = True
         members = svc.members | group_members(svc.pid) | {svc.pid}
         sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
         svc.popen.wait()
