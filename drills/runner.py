@@ -28,15 +28,21 @@ from rich.console import Console
 from drills import checkers
 from drills.checkers.base import CheckResult, RunView
 from drills.checkers.correctness import check as correctness_check
+from drills.checkers.recovery import recovered
+from drills.checkers.recovery import waves as recovery_waves
 from drills.journal import Journal, read_history
 from drills.observe import logs, prom, shm
+from drills.observe.lmcache_status import above_baseline, leak_counts
+from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
 from drills.scenario import Action, LoadedScenario
-from drills.stack.process import StackError
+from drills.stack.process import StackError, log_tail
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
+from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
 from drills.workload import EngineClient, PromptSet, build_prompts, send_wave
 from injectors.base import InjectionContext, InjectionError, Injector, registry
+from injectors.process import ProcessFault
 
 EXIT = {"pass": 0, "fail": 1, "error": 2, "aborted": 3}
 MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
@@ -80,6 +86,8 @@ class Runner:
         self.injectors: list[Injector] = []
         self.stack: SandboxStack | None = None
         self.prompts: PromptSet | None = None
+        self.fresh: PromptSet | None = None
+        self._sampler: asyncio.Task | None = None
 
     # --- entry ---------------------------------------------------------------------------------------
 
@@ -133,13 +141,17 @@ class Runner:
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http)
         baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http)
         self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
+        if sc.workload.chaos_prompts == "fresh":
+            self.fresh = await build_prompts(baseline, sc.workload, sc.seed, fresh=True)
+        every = self.prompts + self.fresh if self.fresh else self.prompts
         self.journal.append("workload.prompts", shared_prefix_tokens=self.prompts.shared_prefix_tokens,
                             chunk_size=sc.stack.lmcache.chunk_size,
+                            fresh_ids=[p.id for p in self.fresh] if self.fresh else [],
                             prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids}
-                                     for p in self.prompts])
+                                     for p in every])
 
         with self._phase("oracle", "no-cache baseline answers for every prompt"):
-            answers = await send_wave(baseline, self.prompts, sc.workload, self.journal, target="baseline", wave=1)
+            answers = await send_wave(baseline, every, sc.workload, self.journal, target="baseline", wave=1)
             failed = [r.request_id for r in answers if not r.ok]
             if failed:
                 raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
@@ -156,26 +168,16 @@ class Runner:
             if steady.verdict != "pass":
                 raise DrillError(f"steady-state hypothesis not met before any fault: {steady.summary}")
 
+            self.journal.append("observe.status", point="baseline", **await self._status_sample())
+        self._sampler = asyncio.create_task(self._sample_forever())
+
         with self._phase("chaos", "injecting faults, then traffic"):
-            families = registry()
-            for i, (fault, params) in enumerate(zip(sc.chaos.faults, self.loaded.fault_params)):
-                fault_id = f"f{i}-{fault.injector}"
-                ctx = InjectionContext(fault_id=fault_id, run_dir=self.run_dir, journal=self.journal,
-                                       rng=random.Random(f"{sc.seed}:{fault_id}"), stack=self.stack,
-                                       prompts=self.prompts)
-                injector = families[fault.injector](params, ctx)
-                targets = await injector.plan()
-                self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
-                                    params=params.model_dump(mode="json"), targets=targets)
-                self.injectors.append(injector)
-                await injector.inject()
-                proof = await injector.verify()
-                self.journal.append("fault.verified", fault_id=fault_id, effective=proof.effective,
-                                    summary=proof.summary, details=proof.details)
-                if not proof.effective:
-                    raise DrillError(f"fault {fault_id} could not be proven in effect: {proof.summary}")
+            planned = list(enumerate(zip(sc.chaos.faults, self.loaded.fault_params)))
+            for i, (fault, params) in planned:
+                if fault.trigger is None:
+                    await self._inject(i, fault, params, fired={"trigger": "before_traffic"})
             await self._actions(sc.chaos.actions)
-            await self._traffic(engine, waves=sc.workload.repeats, evidence=True)
+            await self._chaos_traffic(engine, [(i, f, p) for i, (f, p) in planned if f.trigger is not None])
 
         with self._phase("heal", "undoing every injected fault"):
             await self._heal_all()
@@ -183,24 +185,146 @@ class Runner:
         if sc.recovery.enabled:
             with self._phase("recovery", "after heal: answers must be correct again"):
                 await self._actions(sc.recovery.actions)
-                await self._traffic(engine, waves=1, evidence=True)
+                for wave in range(1, sc.recovery.max_waves + 1):
+                    await self._traffic(engine, waves=1, first_wave=wave, prompts=every, evidence=True)
+                    done = recovery_waves(RunView(read_history(self.journal.path)))
+                    if done and recovered(done[-1], sc.checks.recovery.min_hit_rate):
+                        break
 
-    async def _traffic(self, client: EngineClient, *, waves: int, evidence: bool = False) -> None:
-        assert self.prompts is not None
+        with self._phase("drain", "waiting for locks, stores, sessions and workers to return to pre-chaos values"):
+            await self._drain()
+
+    async def _inject(self, i: int, fault, params, fired: dict[str, Any]) -> None:
+        sc = self.scenario
+        fault_id = f"f{i}-{fault.injector}"
+        ctx = InjectionContext(fault_id=fault_id, run_dir=self.run_dir, journal=self.journal,
+                               rng=random.Random(f"{sc.seed}:{fault_id}"), stack=self.stack,
+                               prompts=self.prompts, landing_probe=self._store_probe().observe)
+        injector = registry()[fault.injector](params, ctx)
+        targets = await injector.plan()
+        self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
+                            params=params.model_dump(mode="json"), targets=targets, trigger=fired)
+        self.injectors.append(injector)
+        await injector.inject()
+        proof = await injector.verify()
+        self.journal.append("fault.verified", fault_id=fault_id, effective=proof.effective,
+                            summary=proof.summary, details=proof.details)
+        if not proof.effective:
+            raise DrillError(f"fault {fault_id} could not be proven in effect: {proof.summary}")
+
+    async def _chaos_traffic(self, engine: EngineClient, triggered: list) -> None:
+        """Chaos waves, with each triggered fault firing while they run; a trigger that never fires
+        during the traffic is an ERROR (the fault was not injected, so nothing was tested)."""
+        state = TriggerState(probe=self._store_probe())
+        fired: dict[int, bool] = {}
+
+        async def arm(i: int, fault, params) -> None:
+            try:
+                seen = await wait_for(fault.trigger, state)
+            except TriggerTimeout as exc:
+                raise DrillError(f"fault f{i}-{fault.injector}: {exc}") from None
+            fired[i] = True
+            await self._inject(i, fault, params, fired=seen)
+
+        tasks = {i: asyncio.create_task(arm(i, f, p)) for i, f, p in triggered}
+        triggers = {i: f.trigger.model_dump(mode="json", exclude_none=True) for i, f, _ in triggered}
+        try:
+            await self._traffic(engine, waves=self.scenario.workload.repeats, prompts=self.fresh or self.prompts,
+                                evidence=True, on_request=state.note_request)
+            for i, task in tasks.items():
+                if not fired.get(i) and not task.done():
+                    task.cancel()
+                    raise DrillError(f"the trigger of fault f{i} ({triggers[i]}) did not fire during chaos "
+                                     "traffic: the fault was not injected (more workload.repeats?)")
+                await task
+        finally:
+            for task in tasks.values():
+                task.cancel()
+
+    def _store_probe(self) -> StoreProbe:
+        return StoreProbe(l2_dir=self.stack.l2_dir, status=self.stack.lmcache_status)
+
+    async def _traffic(self, client: EngineClient, *, waves: int, first_wave: int = 1, prompts: PromptSet | None = None,
+                       evidence: bool = False, on_request=None) -> None:
+        prompts = prompts or self.prompts
         mark = logs.mark(self.stack.driver.log_dir / "lmcache.log")
-        await self._metrics_point("before")
-        for wave in range(1, waves + 1):
-            await send_wave(client, self.prompts, self.scenario.workload, self.journal, target="engine", wave=wave)
-            await self._metrics_point(f"wave{wave}")
+        await self._metrics_point("before", wave=None)
+        for wave in range(first_wave, first_wave + waves):
+            await send_wave(client, prompts, self.scenario.workload, self.journal, target="engine", wave=wave,
+                            on_request=on_request, on_failure=lambda: self._service_state("engine"))
+            await self._metrics_point(f"wave{wave}", wave=wave)
         if evidence:
             self.journal.append("observe.log", service="lmcache", file="logs/lmcache.log",
                                 matches=logs.matches_since(mark))
 
-    async def _metrics_point(self, point: str) -> None:
-        lmc = prom.parse(await self.stack.metrics_text("lmcache"))
-        eng = prom.parse(await self.stack.metrics_text("engine"))
-        self.journal.append("observe.metrics", point=point, engine_generation=self.stack.driver.services["engine"].generation,
-                            lmcache=lmc, engine=eng)
+    async def _metrics_point(self, point: str, wave: int | None) -> None:
+        lmc = prom.parse(await self._metrics_or_empty("lmcache"))
+        eng = prom.parse(await self._metrics_or_empty("engine"))
+        engine = self.stack.driver.services.get("engine")
+        self.journal.append("observe.metrics", point=point, wave=wave,
+                            engine_generation=engine.generation if engine else None, lmcache=lmc, engine=eng)
+
+    async def _metrics_or_empty(self, service: str) -> str:
+        """A dead or frozen service has no metrics; that is evidence for liveness, not a crash."""
+        try:
+            return await self.stack.metrics_text(service)
+        except httpx.HTTPError:
+            return ""
+
+    def _service_state(self, name: str) -> dict[str, Any]:
+        svc = self.stack.driver.services.get(name)
+        if svc is None:
+            return {"service": name, "alive": False, "note": "not running"}
+        return {"service": name, "pid": svc.pid, "alive": svc.alive, "returncode": svc.popen.poll(),
+                "log": f"logs/{svc.log_path.name}", "log_tail": log_tail(svc.log_path, 12).splitlines()}
+
+    # --- observation between steady state and the end of the drain ------------------------------------
+
+    async def _status_sample(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        try:
+            out["lmcache"] = leak_counts(await self.stack.lmcache_status())
+        except (httpx.HTTPError, ValueError) as exc:
+            out["lmcache"], out["lmcache_error"] = {}, f"{type(exc).__name__}: {exc}"
+        eng = prom.parse(await self._metrics_or_empty("engine"))
+        out["engine_kv_usage"] = total(eng, "vllm:kv_cache_usage_perc") if eng else None
+        out["engine_running"] = total(eng, "vllm:num_requests_running") if eng else None
+        return out
+
+    async def _sample_forever(self) -> None:
+        """Once a second: the leak counts, and any service that died without a fault killing it."""
+        reported: set[tuple[str, int]] = set()
+        while True:
+            await asyncio.sleep(1.0)
+            self.journal.append("observe.status", point="sample", **await self._status_sample())
+            down_on_purpose = {inj.p.service for inj in self.injectors if isinstance(inj, ProcessFault)}
+            for name, svc in list(self.stack.driver.services.items()):
+                key = (name, svc.generation)
+                if svc.alive or svc.stopping or name in down_on_purpose or key in reported:
+                    continue
+                reported.add(key)
+                self.journal.append("service.died", service=name, pid=svc.pid, generation=svc.generation,
+                                    returncode=svc.popen.returncode, log=f"logs/{svc.log_path.name}",
+                                    log_tail=log_tail(svc.log_path, 20).splitlines())
+
+    async def _drain(self) -> None:
+        """Wait until the sampled counts are back to their pre-chaos values, or the drain deadline."""
+        opts, lm = self.scenario.checks.leaks, self.scenario.stack.lmcache
+        deadline_s = opts.drain_deadline or max(lm.l1_read_ttl, lm.worker_reap_timeout) + 15.0
+        baseline = next(e for e in self.journal_events("observe.status") if e.data.get("point") == "baseline")
+        started = time.monotonic()
+        while True:
+            sample = await self._status_sample()
+            self.journal.append("observe.status", point="drain", **sample)
+            above = above_baseline(baseline.data.get("lmcache") or {}, sample.get("lmcache") or {})
+            if (not above and sample.get("lmcache")) or time.monotonic() - started > deadline_s:
+                break
+            await asyncio.sleep(1.0)
+        self.journal.append("drain.result", returned=not above, still_above=above, deadline_s=deadline_s,
+                            waited_s=round(time.monotonic() - started, 1))
+
+    def journal_events(self, type_: str):
+        return read_history(self.journal.path).of_type(type_)
 
     async def _actions(self, actions: list[Action]) -> None:
         handlers: dict[str, Callable[[], Awaitable[Any]]] = {
@@ -241,6 +365,8 @@ class Runner:
         self.injectors.clear()
 
     async def _always_heal(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
         if not self.injectors:
             return
         self.journal.phase = "heal"

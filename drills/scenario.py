@@ -20,10 +20,11 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from drills.durations import Duration
+from drills.triggers import Trigger
 from injectors.base import registry
 
 Verdict = Literal["pass", "fail", "error", "aborted"]
-CheckName = Literal["correctness", "degenerate", "hit_rate"]
+CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery"]
 Action = Literal["clear_l1", "restart_engine"]
 
 
@@ -76,12 +77,16 @@ class WorkloadSpec(_Strict):
     max_tokens: int = Field(16, ge=1, le=512)
     concurrency: int = Field(2, ge=1, le=32)
     repeats: int = Field(1, ge=1, le=16, description="waves per traffic phase; wave 1 is 'first', the rest 'repeat'")
-    request_timeout: Duration = 180.0
+    request_timeout: Duration = Field(180.0, description="each request's deadline; a slower one counts as hung")
+    chaos_prompts: Literal["same", "fresh"] = Field(
+        "same", description="fresh: chaos traffic sends a second seeded prompt set the cache has not stored "
+                            "(same shared prefix), so stores happen during chaos (mid-store faults)")
 
 
 class FaultSpec(_Strict):
     injector: str = Field(description="fault family, e.g. kv_corrupt")
     params: dict[str, Any] = Field(default_factory=dict)
+    trigger: Trigger | None = Field(None, description="when the fault fires; omitted: before chaos traffic")
 
 
 class ChaosSpec(_Strict):
@@ -94,6 +99,8 @@ class ChaosSpec(_Strict):
 class RecoverySpec(_Strict):
     enabled: bool = True
     actions: list[Action] = Field(default_factory=lambda: ["clear_l1", "restart_engine"])
+    max_waves: int = Field(3, ge=1, le=20, description="recovery traffic stops early once answers are correct "
+                                                       "and the hit rate is back (checks.recovery)")
 
 
 class CorrectnessCheck(_Strict):
@@ -114,10 +121,39 @@ class HitRateCheck(_Strict):
         0.9, ge=0, le=1, description="fail when hit rate is at least this while correctness fails")
 
 
+class LeaksCheck(_Strict):
+    """After the workload drains and lock TTLs pass, what the drill took must be given back."""
+
+    enabled: bool = True
+    lmcache_status: bool = Field(True, description="LMCache /status lock, staging, in-flight, session and "
+                                                   "worker counts return to their pre-chaos values")
+    shm_segments: bool = Field(True, description="no /dev/shm/lmcache_kv_* segment outlives its process")
+    server_mappings: bool = Field(True, description="the LMCache server maps no deleted KV segment (defect D3)")
+    engine_kv_usage: bool = Field(True, description="vLLM's KV-cache usage returns to idle")
+    drain_deadline: Duration | None = Field(
+        None, description="how long to wait for the counts to return; default: the longer of the L1 read TTL "
+                          "and the worker reap timeout, plus 15 s")
+
+
+class LivenessCheck(_Strict):
+    enabled: bool = True
+
+
+class RecoveryCheck(_Strict):
+    enabled: bool = True
+    deadline: Duration = Field(240.0, description="after heal: time allowed to the first correct response and "
+                                                  "to the hit rate being back")
+    min_hit_rate: float | None = Field(0.5, ge=0, le=1, description="hit rate a recovery wave must reach; "
+                                                                   "null: only correctness must recover")
+
+
 class ChecksSpec(_Strict):
     correctness: CorrectnessCheck = CorrectnessCheck()
     degenerate: DegenerateCheck = DegenerateCheck()
     hit_rate: HitRateCheck = HitRateCheck()
+    leaks: LeaksCheck = LeaksCheck()
+    liveness: LivenessCheck = LivenessCheck()
+    recovery: RecoveryCheck = RecoveryCheck()
 
 
 class Expect(_Strict):
@@ -238,6 +274,7 @@ def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel],
 def json_schema() -> dict[str, Any]:
     """Scenario JSON Schema for editors, with each injector's params schema selected by ``injector``."""
     schema = Scenario.model_json_schema()
+    trigger = schema["$defs"]["FaultSpec"]["properties"]["trigger"]
     variants = []
     for name, cls in registry().items():
         params_schema = cls.Params.model_json_schema(ref_template="#/$defs/" + name + "_{model}")
@@ -245,7 +282,7 @@ def json_schema() -> dict[str, Any]:
             schema["$defs"][f"{name}_{def_name}"] = definition
         variants.append({
             "type": "object", "additionalProperties": False, "required": ["injector"],
-            "properties": {"injector": {"const": name}, "params": params_schema},
+            "properties": {"injector": {"const": name}, "params": params_schema, "trigger": trigger},
         })
     if variants:
         schema["$defs"]["FaultSpec"] = {"oneOf": variants, "description": "one fault, by injector family"}

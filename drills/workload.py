@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,11 @@ class PromptSet:
         return len(self.prompts)
 
     def by_id(self, prompt_id: int) -> Prompt:
-        return self.prompts[prompt_id]
+        return next(p for p in self.prompts if p.id == prompt_id)
+
+    def __add__(self, other: PromptSet) -> PromptSet:
+        return PromptSet(prompts=self.prompts + other.prompts, shared_prefix_tokens=self.shared_prefix_tokens,
+                         seed=self.seed)
 
 
 @dataclass
@@ -67,6 +72,8 @@ class Response:
     finish_reason: str | None = None
     latency_s: float = 0.0
     error: str | None = None
+    error_kind: str | None = None  # hung | http_5xx | http_4xx | connect | protocol
+    status_code: int | None = None
     cached_tokens: int | None = None
 
 
@@ -107,14 +114,20 @@ class EngineClient:
         return r.json()
 
 
-async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int) -> PromptSet:
-    """Token ids for each prompt, from seeded story text tokenized by the engine's own tokenizer."""
+async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, fresh: bool = False) -> PromptSet:
+    """Token ids for each prompt, from seeded story text tokenized by the engine's own tokenizer.
+
+    ``fresh`` builds the chaos-only set: the same shared prefix, other unique parts, ids after the main
+    set's, so its chunks are not in the cache until chaos traffic stores them."""
     rng = random.Random(f"kvdrill-workload:{seed}")
     shared: list[int] = []
     if spec.shared_prefix_tokens:
         shared = (await client.tokenize(_story(rng, spec.shared_prefix_tokens)))[: spec.shared_prefix_tokens]
+    first_id = spec.prompts if fresh else 0
+    if fresh:
+        rng = random.Random(f"kvdrill-workload:{seed}:fresh")
     prompts = []
-    for i in range(spec.prompts):
+    for i in range(first_id, first_id + spec.prompts):
         speaker = _SPEAKERS[i % len(_SPEAKERS)]
         closing = await client.tokenize(f" The next morning, the {speaker} said")
         body_len = max(spec.unique_tokens - len(closing), 1)
@@ -123,16 +136,34 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int) -> 
     return PromptSet(prompts=prompts, shared_prefix_tokens=len(shared), seed=seed)
 
 
+def _error_kind(exc: Exception) -> tuple[str, int | None]:
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return "hung", None
+    if isinstance(exc, httpx.HTTPStatusError):
+        code = exc.response.status_code
+        return ("http_5xx" if code >= 500 else "http_4xx"), code
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)):
+        return "connect", None
+    return "protocol", None
+
+
 async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec, journal: Journal, *,
-                    target: str, wave: int) -> list[Response]:
-    """Send every prompt once, ``spec.concurrency`` at a time; journal each request and response."""
+                    target: str, wave: int, on_request: Callable[[], Awaitable[None]] | None = None,
+                    on_failure: Callable[[], dict[str, Any]] | None = None) -> list[Response]:
+    """Send every prompt once, ``spec.concurrency`` at a time; journal each request and response.
+
+    ``on_request`` runs as each request is sent (request-count triggers); ``on_failure`` describes the
+    target service when a request fails (alive or not, its last log lines) for the liveness check."""
     gate = asyncio.Semaphore(spec.concurrency)
 
     async def one(prompt: Prompt) -> Response:
         request_id = f"{journal.phase}-w{wave}-{prompt.name}-{target}"
         async with gate:
             journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
-                           prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens)
+                           prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens,
+                           deadline_s=spec.request_timeout)
+            if on_request is not None:
+                await on_request()
             start = time.perf_counter()
             try:
                 body = await client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
@@ -146,11 +177,18 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
                 detail = ""
                 if isinstance(exc, httpx.HTTPStatusError):
                     detail = f" body={exc.response.text[:300]!r}"
+                kind, code = _error_kind(exc)
                 resp = Response(request_id=request_id, prompt_id=prompt.id, ok=False,
-                                latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}{detail}")
+                                latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}{detail}",
+                                error_kind=kind, status_code=code)
+            extra = {}
+            if not resp.ok:
+                extra = {"error_kind": resp.error_kind, "status_code": resp.status_code,
+                         "service_state": on_failure() if on_failure else None}
             journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                            ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
-                           latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens)
+                           latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
+                           **extra)
             return resp
 
     return list(await asyncio.gather(*(one(p) for p in prompts)))

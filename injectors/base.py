@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -38,6 +39,8 @@ class InjectionContext:
     journal: Journal
     stack: SandboxStack
     prompts: PromptSet
+    # called right after a fault lands, to record whether it landed inside a KV store window
+    landing_probe: Callable[[], Awaitable[dict[str, Any]]] | None = None
 
 
 @dataclass

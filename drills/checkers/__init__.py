@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drills.checkers import correctness, degenerate, hit_rate
+from drills.checkers import correctness, degenerate, hit_rate, leaks, liveness, recovery
 from drills.checkers.base import CheckResult, RunView
 from drills.journal import History
 from drills.scenario import ChecksSpec
@@ -18,4 +18,10 @@ def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
         results.append(degenerate.check(view, checks.degenerate))
     if checks.hit_rate.enabled:
         results.append(hit_rate.check(view, checks.hit_rate, correctness_failed=bool(correct and correct.verdict == "fail")))
+    if checks.leaks.enabled:
+        results.append(leaks.check(view, checks.leaks))
+    if checks.liveness.enabled:
+        results.append(liveness.check(view, checks.liveness))
+    if checks.recovery.enabled:
+        results.append(recovery.check(view, checks.recovery))
     return results

@@ -33,6 +33,7 @@ class RunView:
 
     history: History
     responses: list[Event] = field(default_factory=list)
+    _oracle: dict[int, Event] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.responses = list(self.history.of_type("response"))
@@ -42,14 +43,50 @@ class RunView:
 
     def oracle(self) -> dict[int, Event]:
         """The no-cache baseline's answer per prompt id (first successful one)."""
-        out: dict[int, Event] = {}
-        for e in self.phase_responses("oracle", target="baseline"):
-            if e.data.get("ok") and e.data["prompt_id"] not in out:
-                out[e.data["prompt_id"]] = e
-        return out
+        if self._oracle is None:
+            self._oracle = {}
+            for e in self.phase_responses("oracle", target="baseline"):
+                if e.data.get("ok") and e.data["prompt_id"] not in self._oracle:
+                    self._oracle[e.data["prompt_id"]] = e
+        return self._oracle
 
     def metric_points(self, phase: str) -> list[Event]:
         return [e for e in self.history.of_type("observe.metrics") if e.phase == phase]
+
+    def down_windows(self) -> list[DownWindow]:
+        """When a fault deliberately took a service down: from the fault landing to its heal."""
+        healed = {e.data.get("fault_id"): e.ts for e in self.history.of_type("fault.healed")}
+        windows = []
+        for e in self.history.of_type("fault.injected"):
+            if e.data.get("service_down"):
+                fid = e.data.get("fault_id")
+                windows.append(DownWindow(service=e.data.get("service", ""), fault_id=fid, start=e.ts,
+                                          end=healed.get(fid, float("inf")), ref=e.ref))
+        return windows
+
+    def expected_down(self, response: Event, service: str = "engine") -> DownWindow | None:
+        """The fault window that explains a failed request to ``service``, if any."""
+        for w in self.down_windows():
+            if w.service == service and w.start <= response.ts <= w.end + 0.5:
+                return w
+        return None
+
+    def heal_time(self) -> float | None:
+        healed = list(self.history.of_type("fault.healed"))
+        return healed[-1].ts if healed else None
+
+    def correct(self, response: Event) -> bool:
+        ref = self.oracle().get(response.data.get("prompt_id"))
+        return bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+
+
+@dataclass(frozen=True)
+class DownWindow:
+    service: str
+    fault_id: str
+    start: float
+    end: float
+    ref: str
 
 
 def response_ref(e: Event) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def check(view: RunView, opts: CorrectnessCheck) -> CheckResult:
         for e in view.phase_responses("warm"):
             if e.data.get("ok"):
                 cached.setdefault(e.data["prompt_id"], e.data["token_ids"])
-    wrong, checked, per_phase = [], 0, {}
+    wrong, unavailable, checked, per_phase = [], [], 0, {}
     for phase in opts.phases:
         responses = view.phase_responses(phase)
         bad = 0
@@ -33,6 +33,10 @@ def check(view: RunView, opts: CorrectnessCheck) -> CheckResult:
             if ref is None:
                 return CheckResult("correctness", "error", f"no baseline response for prompt {pid}",
                                    evidence=[response_ref(e)])
+            if not e.data.get("ok") and (w := view.expected_down(e)) is not None:
+                # the engine was down on purpose: no answer is not a wrong answer (liveness reports it)
+                unavailable.append({**response_ref(e), "phase": phase, "fault_id": w.fault_id, "fault_ref": w.ref})
+                continue
             if not e.data.get("ok"):
                 bad += 1
                 wrong.append({**response_ref(e), "phase": phase, "prompt_id": pid, "reason": "request failed",
@@ -49,12 +53,16 @@ def check(view: RunView, opts: CorrectnessCheck) -> CheckResult:
                           "expected_text": ref.data.get("text"), "actual_text": e.data.get("text"),
                           "oracle_ref": ref.ref})
         per_phase[phase] = {"responses": len(responses), "wrong": bad}
+    checked -= len(unavailable)
     if checked == 0:
         return CheckResult("correctness", "error", f"no engine responses in phases {opts.phases}")
-    details = {"per_phase": per_phase, "checked": checked, "wrong": len(wrong), "dual_oracle": opts.dual_oracle}
+    details = {"per_phase": per_phase, "checked": checked, "wrong": len(wrong), "dual_oracle": opts.dual_oracle,
+               "unavailable_by_fault": unavailable}
     if not wrong:
+        note = f" ({len(unavailable)} requests unanswered while a fault held the engine down)" if unavailable else ""
         return CheckResult("correctness", "pass",
-                           f"{checked}/{checked} responses token-identical to the no-cache baseline", details=details)
+                           f"{checked}/{checked} responses token-identical to the no-cache baseline{note}",
+                           details=details)
     first = wrong[0]
     where = (f"first differing token at index {first['first_diff_token']} in {first['request_id']}"
              if "first_diff_token" in first else f"{first['request_id']} failed: {first.get('error')}")

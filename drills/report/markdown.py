@@ -11,16 +11,25 @@ def headline(doc: dict[str, Any]) -> str:
     verdict = doc["verdict"].upper()
     m = doc["metrics"]
     rate, wrong, total = m.get("hit_rate_tokens"), m.get("chaos_wrong_responses"), m.get("chaos_responses")
-    if rate is not None and wrong:
+    failing = [c for c in doc["checks"] if c["verdict"] == "fail" and c["name"] not in ("correctness", "hit_rate")]
+    if doc["verdict"] in ("error", "aborted"):
+        line = f"{verdict}: {doc['reason']}"
+    elif rate is not None and wrong:
         line = f"{verdict}: hit rate {rate:.0%} but {wrong}/{total} responses wrong"
     elif rate is not None:
         line = f"{verdict}: hit rate {rate:.0%}, {total - (wrong or 0) if total else 0}/{total or 0} responses correct"
     else:
         line = f"{verdict}: {doc['reason']}"
+    if failing and doc["verdict"] == "fail":
+        line += "; " + "; ".join(f"{c['name']}: {_clip(c['summary'])}" for c in failing[:2])
     exp = doc.get("expectation")
     if exp:
         line += f" (expected {exp['verdict']}: {'held' if exp['held'] else 'NOT held'})"
     return line
+
+
+def _clip(text: str, width: int = 140) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def markdown(doc: dict[str, Any], history: History) -> str:
@@ -50,9 +59,17 @@ def markdown(doc: dict[str, Any], history: History) -> str:
     out += ["", "## Faults", ""]
     for f in doc["faults"]:
         out.append(f"- `{f['fault_id']}` {'verified' if f['effective'] else 'NOT verified'}: {f['summary']} ({f['ref']})")
+        trig = f.get("trigger") or {}
+        if trig.get("trigger") not in (None, "before_traffic"):
+            out.append(f"  - fired by trigger `{trig['trigger']}`: {_clip(str({k: v for k, v in trig.items() if k != 'trigger'}))}")
+        if f.get("landing") is not None:
+            land = f["landing"]
+            out.append(f"  - landed inside a store window: **{'yes' if land.get('in_flight') else 'no'}** "
+                       f"({land.get('tmp_count', 0)} L2 .tmp file(s), {land.get('in_flight_task_count', '?')} store(s) "
+                       "in flight right after the signal)")
     for h in doc["heals"]:
-        out.append(f"- `{h['fault_id']}` healed: {len(h['undone'])} file(s) restored, "
-                   f"{len(h['already_healed'])} already intact ({h['ref']})")
+        what = "; ".join(h["undone"]) if h["undone"] else "nothing left to undo"
+        out.append(f"- `{h['fault_id']}` healed ({h['ref']}): {_clip(what, 200)}")
     if not doc["faults"]:
         out.append("- none injected")
     out += ["", "## Host shared memory", "",
@@ -71,6 +88,14 @@ def markdown(doc: dict[str, Any], history: History) -> str:
     for service, seg in left:
         out.append(f"- `{service}` left `{seg['segment']}` ({seg['bytes'] / 2**20:.0f} MiB) behind at shutdown; "
                    "kvdrill removed it")
+    leaks = next((c for c in doc["checks"] if c["name"] == "leaks"), None)
+    series = (leaks or {}).get("details", {}).get("lmcache_series") or {}
+    if series:
+        out += ["", "## Leak counts over time", "",
+                "LMCache `/status`, sampled every second from the end of steady state (t=0) through the drain; "
+                "only changes are listed.", "", "| count | t(s)=value … |", "|---|---|"]
+        for name, points in series.items():
+            out.append(f"| {name} | {_clip(' '.join(f'{t}={v}' for t, v in points), 300)} |")
     out += ["", "## Timeline", "", "| phase | took | note |", "|---|---|---|"]
     for e in history.of_type("phase.finished"):
         out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")
@@ -90,7 +115,17 @@ def _evidence_line(ev: dict[str, Any]) -> str:
                     f"expected {ev['expected_text']!r}, got {ev['actual_text']!r}")
         if "flags" in ev:
             return f"`{ev['request_id']}` ({ev['ref']}): {', '.join(ev['flags'])}: {ev['text']!r}"
-        return f"`{ev['request_id']}` ({ev['ref']}): {ev.get('reason')}: {ev.get('error')}"
+        if "reason" in ev:
+            return f"`{ev['request_id']}` ({ev['ref']}): {ev.get('reason')}: {ev.get('error')}"
+        return f"`{ev['request_id']}` ({ev['ref']})"
     if ev.get("kind") == "log":
         return f"`{ev['ref']}`: {ev['text']}"
-    return f"{ev.get('kind')}: `{ev.get('ref')}` {ev.get('note', '')}"
+    if ev.get("kind") in ("hung", "http_5xx", "http_4xx", "connect", "protocol"):
+        tail = (ev.get("log_tail") or [""])[-1]
+        return (f"`{ev['request_id']}` ({ev['ref']}, {ev['phase']}): {ev['kind']}"
+                f"{' ' + str(ev['status_code']) if ev.get('status_code') else ''} after {ev.get('latency_s')}s; "
+                f"engine alive: {ev.get('service_alive')}; last line of `{ev.get('service_log')}`: {_clip(tail)!r}")
+    if ev.get("kind") == "service_died":
+        return (f"{ev['service']} died (exit {ev['returncode']}) in {ev['phase']} ({ev['ref']}); last line: "
+                f"{_clip((ev.get('log_tail') or [''])[-1])!r}")
+    return f"{ev.get('kind')}: `{ev.get('ref')}` {ev.get('text') or ev.get('note', '')}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -157,8 +158,8 @@ class SandboxStack:
         except* StackError as failed:
             raise failed.exceptions[0] from None
 
-    async def restart(self, name: str) -> None:
-        await self.driver.stop(name)
+    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        await self.driver.stop(name, sig=sig, grace=grace)
         svc = self.driver.start(self.specs[name])
         await self.driver.wait_healthy(svc, self.http)
 

@@ -1,0 +1,165 @@
+"""``process``: terminate, kill, freeze, thaw or restart a service of the stack, always its whole
+process group.
+
+vLLM runs an API server, an EngineCore and workers; a signal to one pid leaves orphans holding shared
+memory and ports (shared/facts/network-disk-process-faults.md §6), so every signal goes to the group
+the stack started. Only services kvdrill started can be named: there is no way to aim this at a pid.
+The proof reads the processes' state from ``/proc``, not the driver's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from drills.durations import Duration
+from drills.stack.process import group_members
+from injectors.base import HealReport, InjectionError, Injector, Proof
+
+SIGNALS = {"term": signal.SIGTERM, "kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+
+
+class ProcessParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    service: str = Field(description="a service of the stack, e.g. engine, lmcache, baseline")
+    action: Literal["term", "kill", "stop", "cont", "restart"] = Field(
+        description="term/kill: signal the group and leave it down until heal; stop/cont: freeze/thaw; "
+                    "restart: stop and start again, waiting until healthy")
+    freeze_for: Duration | None = Field(None, description="stop only: thaw after this long instead of at heal")
+    restart_signal: Literal["term", "kill"] = Field("term", description="restart only: how the old group stops")
+    grace: Duration = Field(30.0, description="term/restart: wait this long for the group to exit")
+
+
+def process_states(pids: set[int]) -> dict[int, str]:
+    """``/proc/<pid>/stat`` state letter per live pid (R, S, D, T, Z, ...)."""
+    states = {}
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        states[pid] = text[text.rfind(")") + 2:].split()[0]
+    return states
+
+
+class ProcessFault(Injector):
+    name = "process"
+    Params = ProcessParams
+
+    def __init__(self, params: ProcessParams, ctx) -> None:
+        super().__init__(params, ctx)
+        self.p: ProcessParams = params
+        self.target: dict[str, Any] = {}
+        self.injected_at: float | None = None
+        self.landing: dict[str, Any] | None = None
+        self._healed = False
+        self._thaw: asyncio.Task | None = None
+
+    def _service(self):
+        svc = self.ctx.stack.driver.services.get(self.p.service)
+        if svc is None:
+            known = sorted(self.ctx.stack.driver.services)
+            raise InjectionError(f"process: no running service {self.p.service!r} in this stack; "
+                                 f"services kvdrill started: {', '.join(known) or '(none)'}")
+        return svc
+
+    async def plan(self) -> list[dict[str, Any]]:
+        svc = self._service()
+        members = group_members(svc.pid)
+        self.target = {"service": self.p.service, "pgid": svc.pid, "generation": svc.generation,
+                       "members": sorted(members), "states": process_states(members)}
+        return [self.target]
+
+    async def inject(self) -> None:
+        svc = self._service()
+        undo = {"term": "start", "kill": "start", "stop": "cont", "cont": "none", "restart": "none"}[self.p.action]
+        self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name,
+                                undo={"action": undo, "service": self.p.service, "pgid": svc.pid})
+        if self.p.action == "restart":
+            self.injected_at = time.time()
+            self.landing = await self._probe_landing()
+            await self.ctx.stack.restart(self.p.service, sig=SIGNALS[self.p.restart_signal], grace=self.p.grace)
+            return
+        sig = SIGNALS[self.p.action]
+        try:
+            os.killpg(svc.pid, sig)
+        except ProcessLookupError as exc:
+            raise InjectionError(f"process: group {svc.pid} of {self.p.service} is already gone") from exc
+        self.injected_at = time.time()
+        self.landing = await self._probe_landing()
+        self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
+                                service=self.p.service, signal=sig.name, pgid=svc.pid, landing=self.landing,
+                                service_down=self.p.action in ("term", "kill", "stop"))
+        if self.p.action == "stop" and self.p.freeze_for is not None:
+            self._thaw = asyncio.create_task(self._thaw_later(svc.pid, self.p.freeze_for))
+
+    async def _probe_landing(self) -> dict[str, Any] | None:
+        """Right after the signal: was a KV store still in flight? (the mid-store question)."""
+        probe = self.ctx.landing_probe
+        return await probe() if probe is not None else None
+
+    async def _thaw_later(self, pgid: int, after: float) -> None:
+        await asyncio.sleep(after)
+        try:
+            os.killpg(pgid, signal.SIGCONT)
+            self.ctx.journal.append("fault.thawed", fault_id=self.ctx.fault_id, pgid=pgid, after_s=after)
+        except ProcessLookupError:
+            pass
+
+    async def verify(self) -> Proof:
+        action = self.p.action
+        if action == "restart":
+            svc = self._service()
+            ok = svc.pid != self.target["pgid"] and svc.ready_s is not None and not group_members(self.target["pgid"])
+            return Proof(ok, f"{self.p.service} restarted: pid {self.target['pgid']} -> {svc.pid}, "
+                             f"generation {svc.generation}, healthy after {svc.ready_s or 0:.1f}s",
+                         [{"old_pgid": self.target["pgid"], "new_pid": svc.pid, "landing": self.landing}])
+        pgid = self.target["pgid"]
+        if action in ("term", "kill"):
+            deadline = time.monotonic() + (self.p.grace if action == "term" else 10.0)
+            while group_members(pgid) and time.monotonic() < deadline:
+                self._service().popen.poll()
+                await asyncio.sleep(0.05)
+            left = group_members(pgid)
+            gone_s = time.time() - (self.injected_at or time.time())
+            return Proof(not left, f"{self.p.service} group {pgid} " + (
+                f"gone {gone_s:.2f}s after SIG{action.upper()}" if not left else f"still has pids {sorted(left)}"),
+                [{"pgid": pgid, "left": sorted(left), "gone_after_s": round(gone_s, 3), "landing": self.landing}])
+        members = set(self.target["members"]) | group_members(pgid)
+        await asyncio.sleep(0.05)
+        states = process_states(members)
+        if action == "stop":
+            ok = bool(states) and all(s == "T" for s in states.values())
+            summary = f"{self.p.service}: {sum(s == 'T' for s in states.values())}/{len(states)} processes stopped (T)"
+        else:
+            ok = bool(states) and all(s != "T" for s in states.values())
+            summary = f"{self.p.service}: {sum(s != 'T' for s in states.values())}/{len(states)} processes running"
+        return Proof(ok, summary, [{"pgid": pgid, "states": states, "landing": self.landing}])
+
+    async def heal(self) -> HealReport:
+        report = HealReport()
+        if self._healed or self.injected_at is None:
+            report.already_healed.append(self.p.service)
+            return report
+        self._healed = True
+        if self._thaw is not None and not self._thaw.done():
+            self._thaw.cancel()
+        action = self.p.action
+        if action == "stop":
+            try:
+                os.killpg(self.target["pgid"], signal.SIGCONT)
+                report.undone.append(f"SIGCONT to {self.p.service} group {self.target['pgid']}")
+            except ProcessLookupError:
+                report.already_healed.append(f"{self.p.service} group {self.target['pgid']} is gone")
+        elif action in ("term", "kill"):
+            await self.ctx.stack.restart(self.p.service)
+            report.undone.append(f"started {self.p.service} again (pid {self._service().pid}), healthy")
+        else:
+            report.already_healed.append(f"{action} of {self.p.service} needs no undo")
+        return report

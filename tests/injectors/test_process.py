@@ -1,0 +1,104 @@
+"""The process injector on real (tiny) process groups: every action, its proof, and its heal."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+
+import httpx
+import pytest
+
+from drills.journal import Journal, read_history
+from drills.stack.process import ProcessDriver, group_members
+from injectors.base import InjectionContext, InjectionError
+from injectors.process import ProcessFault, ProcessParams, process_states
+from tests.drills.stack.test_process import spec
+
+
+class TinyStack:
+    """Just what the injector uses of a stack: the driver and restart (the real SandboxStack.restart
+    is the same two calls)."""
+
+    def __init__(self, driver: ProcessDriver, http: httpx.AsyncClient) -> None:
+        self.driver, self.http, self.specs = driver, http, {}
+
+    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        await self.driver.stop(name, sig=sig, grace=grace)
+        svc = self.driver.start(self.specs[name])
+        await self.driver.wait_healthy(svc, self.http)
+
+
+@pytest.fixture
+async def stack(tmp_path):
+    journal = Journal(tmp_path / "run")
+    async with httpx.AsyncClient() as http:
+        driver = ProcessDriver(tmp_path / "run" / "logs", journal)
+        st = TinyStack(driver, http)
+        st.specs["svc"] = spec(tmp_path)
+        await driver.wait_healthy(driver.start(st.specs["svc"]), http)
+        yield st, journal
+        for name in list(driver.services):
+            await driver.stop(name, sig=signal.SIGKILL)
+
+
+def injector(stack, journal, tmp_path, **params) -> ProcessFault:
+    ctx = InjectionContext(fault_id="f0-process", run_dir=tmp_path, rng=random.Random(0), journal=journal,
+                           stack=stack, prompts=None)
+    return ProcessFault(ProcessParams(**params), ctx)
+
+
+async def test_kill_takes_the_whole_group_down_and_heal_starts_it_again(stack, tmp_path):
+    st, journal = stack
+    old = st.driver.services["svc"].pid
+    inj = injector(st, journal, tmp_path, service="svc", action="kill")
+    target = (await inj.plan())[0]
+    assert len(target["members"]) == 2  # the leader and its forked child
+    await inj.inject()
+    proof = await inj.verify()
+    assert proof.effective and not group_members(old)
+    report = await inj.heal()
+    assert report.undone and st.driver.services["svc"].pid != old and st.driver.services["svc"].alive
+    assert (await inj.heal()).already_healed  # idempotent
+    types = [e.type for e in read_history(journal.path).events]
+    assert types.index("fault.undo") < types.index("fault.injected")
+    stopped = list(read_history(journal.path).of_type("service.stopped"))[0]
+    assert any(s["segment"].startswith("lmcache_kv_") for s in stopped.data["shm_segments_left_behind"])
+
+
+async def test_stop_freezes_every_member_and_heal_thaws_them(stack, tmp_path):
+    st, journal = stack
+    inj = injector(st, journal, tmp_path, service="svc", action="stop")
+    await inj.plan()
+    await inj.inject()
+    proof = await inj.verify()
+    assert proof.effective, proof.summary
+    pids = set(proof.details[0]["states"])
+    await inj.heal()
+    assert all(s != "T" for s in process_states(pids).values())
+
+
+async def test_freeze_for_thaws_by_itself(stack, tmp_path):
+    st, journal = stack
+    inj = injector(st, journal, tmp_path, service="svc", action="stop", freeze_for=0.2)
+    await inj.plan()
+    await inj.inject()
+    assert (await inj.verify()).effective
+    await asyncio.sleep(0.5)
+    assert all(s != "T" for s in process_states(group_members(st.driver.services["svc"].pid)).values())
+    assert "fault.thawed" in [e.type for e in read_history(journal.path).events]
+
+
+async def test_restart_proves_a_new_healthy_group(stack, tmp_path):
+    st, journal = stack
+    inj = injector(st, journal, tmp_path, service="svc", action="restart", restart_signal="kill")
+    old = (await inj.plan())[0]["pgid"]
+    await inj.inject()
+    proof = await inj.verify()
+    assert proof.effective and st.driver.services["svc"].pid != old
+
+
+async def test_a_service_kvdrill_did_not_start_is_refused(stack, tmp_path):
+    st, journal = stack
+    with pytest.raises(InjectionError, match="services kvdrill started: svc"):
+        await injector(st, journal, tmp_path, service="sshd", action="kill").plan()
