@@ -131,5 +131,7 @@ def test_kv_round_trips_through_mooncake_across_an_engine_restart():
         (run_dir / "facts.json").write_text(json.dumps(facts, indent=2) + "\n")
         journal.close()
     assert_nothing_left(started_pids(journal.path))
-    events = [json.loads(line)["type"] for line in journal.path.read_text().splitlines()]
-    assert events.count("netns.created") == 1 and events.count("netns.deleted") == 1
+    events = [json.loads(line) for line in journal.path.read_text().splitlines()]
+    assert [e["type"] for e in events].count("netns.created") == 1
+    [deleted] = [e["data"] for e in events if e["type"] == "netns.deleted"]
+    assert deleted["existed"] and deleted["processes_left_inside"] == [], deleted
