@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +21,7 @@ class Pins:
     gguf_file: str
     gguf_sha256: str
     dtype: str
+    apt: list[str] = field(default_factory=list)  # Debian packages the stack needs (libibverbs1 for Mooncake)
 
     @property
     def all_requirements(self) -> list[str]:
@@ -45,6 +46,7 @@ def load_pins(path: Path = PINS_FILE) -> Pins:
         packages=list(stack["packages"]), no_deps=list(stack.get("no_deps", [])),
         uninstall=list(stack.get("uninstall", [])), model_name=model["name"], model_package=model["package"],
         gguf_file=model["gguf_file"], gguf_sha256=model["gguf_sha256"], dtype=model["dtype"],
+        apt=list(data.get("system", {}).get("apt", [])),
     )
 
 

@@ -8,6 +8,7 @@ is corrected, and a second call does nothing.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -55,11 +56,48 @@ def stack_drift(pins: Pins) -> list[str]:
     return drift
 
 
-def _run(cmd: list[str], console: Console) -> None:
+def _run(cmd: list[str], console: Console, env: dict[str, str] | None = None) -> None:
     console.print(f"[dim]$ {' '.join(cmd)}[/dim]")
-    proc = subprocess.run(cmd)
+    proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise SetupError(f"command failed with exit code {proc.returncode}: {' '.join(cmd)}")
+
+
+def apt_missing(packages: list[str]) -> list[str]:
+    """The Debian packages among ``packages`` that dpkg does not report as ``install ok installed``."""
+    missing = []
+    for pkg in packages:
+        proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True)
+        if proc.returncode != 0 or proc.stdout.strip() != "install ok installed":
+            missing.append(pkg)
+    return missing
+
+
+def ensure_system_packages(pins: Pins, console: Console) -> None:
+    """Install the Debian packages pins.toml names (libibverbs1: every Mooncake binary links it).
+
+    ``apt-get update`` runs only when the plain install fails, so a warm machine needs no network.
+    """
+    if not pins.apt:
+        return
+    if shutil.which("dpkg-query") is None:
+        raise SetupError(f"no dpkg-query here: install these system packages by hand: {' '.join(pins.apt)}")
+    missing = apt_missing(pins.apt)
+    if not missing:
+        console.print("system packages installed: " + ", ".join(pins.apt))
+        return
+    if os.geteuid() != 0:
+        raise SetupError(f"system packages missing: {' '.join(missing)}; kvdrill setup is not running as root, so "
+                         f"install them first: sudo apt-get install -y --no-install-recommends {' '.join(missing)}")
+    install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    console.print(f"[dim]$ {' '.join(install)}[/dim]")
+    if subprocess.run(install, env=env).returncode != 0:
+        _run(["apt-get", "update"], console, env)
+        _run(install, console, env)
+    left = apt_missing(missing)
+    if left:
+        raise SetupError(f"system packages still missing after apt-get install: {' '.join(left)}")
 
 
 def ensure_stack(pins: Pins, console: Console) -> None:
@@ -130,5 +168,6 @@ def ensure_model(pins: Pins, console: Console) -> dict:
 def setup(console: Console | None = None) -> None:
     console = console or Console(stderr=True)
     pins = load_pins()
+    ensure_system_packages(pins, console)
     ensure_stack(pins, console)
     ensure_model(pins, console)

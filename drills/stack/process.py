@@ -39,6 +39,12 @@ class ServiceSpec:
     health_url: str
     startup_deadline: float
     depends_on: list[str] = field(default_factory=list)
+    netns: str | None = None  # network namespace to run in (``ip netns exec`` execs, so the pid stays the service's)
+
+    @property
+    def command(self) -> list[str]:
+        """What is really executed: ``argv``, prefixed with ``ip netns exec <ns>`` when ``netns`` is set."""
+        return ["ip", "netns", "exec", self.netns, *self.argv] if self.netns else list(self.argv)
 
 
 @dataclass
@@ -182,12 +188,12 @@ class ProcessDriver:
         log_path = self.log_dir / f"{spec.name}.log"
         with log_path.open("ab") as fh:
             fh.write(f"\n===== kvdrill: start {spec.name} generation {gen} at {time.time():.3f} =====\n".encode())
-            popen = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, stdout=fh, stderr=subprocess.STDOUT,
+            popen = subprocess.Popen(spec.command, env={**os.environ, **spec.env}, stdout=fh, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_dir)
         svc = RunningService(spec=spec, popen=popen, log_path=log_path, generation=gen, started_at=time.monotonic())
         self.services[spec.name] = svc
         self.journal.append("service.started", service=spec.name, pid=popen.pid, pgid=popen.pid, generation=gen,
-                            argv=spec.argv, log=str(log_path.name))
+                            argv=spec.argv, log=str(log_path.name), **({"netns": spec.netns} if spec.netns else {}))
         log.info("service started", service=spec.name, pid=popen.pid, generation=gen)
         return svc
 

@@ -40,10 +40,13 @@ def free_port() -> int:
 
 
 def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, ServiceSpec]:
+    """Fill the {placeholders}; a service with ``netns: true`` runs in the namespace named by ``variables["netns"]``."""
     doc = YAML(typ="safe", pure=True).load(compose_file.read_text())
     specs = {}
     for name, raw in doc["services"].items():
         fmt = lambda s: str(s).format(**variables)  # noqa: E731
+        if raw.get("netns") and not variables.get("netns"):
+            raise StackError(f"service {name} in {compose_file} has netns: true but the stack created no namespace")
         specs[name] = ServiceSpec(
             name=name,
             argv=[fmt(a) for a in raw["argv"] if fmt(a) != ""],
@@ -51,6 +54,7 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
             health_url=fmt(raw["health"]),
             startup_deadline=parse_duration(fmt(raw.get("startup_deadline", "120s"))),
             depends_on=list(raw.get("depends_on") or []),
+            netns=str(variables["netns"]) if raw.get("netns") else None,
         )
     return specs
 

@@ -1,0 +1,216 @@
+"""The embedded CPU Mooncake stack: ``compose/sandbox-mooncake/stack.yaml`` rendered for one run.
+
+Real vLLM-CPU sends KV through LMCache's in-process ``LMCacheConnectorV1`` (made to work on CPU by
+``vllm_shims/lmcache_cpu_shim.py``, defect D11) and ``remote_url: mooncakestore://`` into a real
+Mooncake master and two standalone ``mooncake_client`` contributors. The Mooncake processes and the
+engine (which embeds a Mooncake client) run in a network namespace the stack owns (``drills/stack/
+netns.py``); the baseline runs on the host's 127.0.0.1. A run owns its namespace, its LMCache config
+file and its logs; :meth:`MooncakeStack.down` stops every process it started, then deletes the namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from ruamel.yaml import YAML
+
+from drills.journal import Journal
+from drills.observe import prom
+from drills.pins import REPO_ROOT, load_pins, model_dir, stack_python, stack_venv
+from drills.stack.netns import NetNamespace
+from drills.stack.process import ProcessDriver, ServiceSpec, StackError
+from drills.stack.sandbox import SERVED_MODEL, free_port, render_services
+
+COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-mooncake" / "stack.yaml"
+SHIM_DIR = Path(__file__).with_name("vllm_shims")
+
+# inside the namespace every port is free, so these are fixed; only the baseline (host) gets a free port
+NETNS_PORTS = {"master_rpc": 50051, "master_metrics": 9003, "master_http_metadata": 8080,
+               "store_a_rpc": 50052, "store_a_http": 9300, "store_b_rpc": 50053, "store_b_http": 9301,
+               "engine": 8000}
+HTTP_PORT_OF = {"engine": "engine", "mooncake-master": "master_metrics", "store-a": "store_a_http",
+                "store-b": "store_b_http"}
+
+
+@dataclass(frozen=True)
+class MooncakeOptions:
+    load_failure_policy: Literal["fail", "recompute"] = "recompute"  # vLLM's kv_load_failure_policy
+    prefix_caching: bool = False  # off: every request goes to LMCache/Mooncake
+    chunk_size: int = 256
+    segment_size: str = "256 MB"  # each contributor's global segment
+    client_ttl: int = 3  # seconds until the master expires a dead contributor
+    kv_cache_space_gb: int = 1
+    max_model_len: int = 4096
+    startup_deadline: float = 240.0
+    transfer_timeout: int = 2  # LMCache's mooncakestore transfer_timeout (s)
+
+
+class MooncakeStack:
+    def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        self.options = options
+        self.run_dir = run_dir.resolve()
+        self.journal = journal
+        self.http = http
+        self.pins = load_pins()
+        self.model_dir = model_dir(self.pins)
+        self.ports = {**NETNS_PORTS, "baseline": free_port()}
+        self.driver = ProcessDriver(self.run_dir / "logs", journal)
+        self.specs: dict[str, ServiceSpec] = {}
+        self.netns: NetNamespace | None = None
+        self.netns_created = False
+        self.lmcache_config = self.run_dir / "stack" / "lmcache.yaml"
+
+    def state(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "options": asdict(self.options), "ports": self.ports,
+                "netns": self.netns.as_dict() if self.netns else None,
+                "lmcache_config": str(self.lmcache_config),
+                "urls": {n: self.url(n) for n in ("engine", "baseline", *HTTP_PORT_OF)} if self.netns else {},
+                "services": {name: {"pid": svc.pid, "argv": svc.spec.argv, "netns": svc.spec.netns,
+                                    "health": svc.spec.health_url}
+                             for name, svc in self.driver.services.items()}}
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    def lmcache_config_doc(self) -> dict[str, Any]:
+        master = f"127.0.0.1:{self.ports['master_rpc']}"
+        return {
+            "chunk_size": self.options.chunk_size,
+            "local_cpu": False,
+            "max_local_cpu_size": 0.5,  # the staging buffer LMCache registers with Mooncake
+            "save_unfull_chunk": False,
+            "remote_url": f"mooncakestore://{master}/",
+            "remote_serde": "naive",
+            "extra_config": {
+                "local_hostname": "127.0.0.1",
+                "metadata_server": "P2PHANDSHAKE",
+                "protocol": "tcp",
+                # the key Mooncake's dict setup() honours (master_server_address is silently ignored)
+                "mooncake_master_server_addr": master,
+                "global_segment_size": 0,  # the engine contributes nothing: all data lives in store-a/b
+                "local_buffer_size": 134217728,
+                "transfer_timeout": self.options.transfer_timeout,
+            },
+        }
+
+    def prepare(self) -> None:
+        """Check the install, choose the namespace and its subnet, write the LMCache config, render the
+        services; no namespace or process is created here."""
+        if not stack_python().exists():
+            raise StackError(f"the stack venv is missing ({stack_venv()}); run `make setup` or `kvdrill setup`")
+        if not (stack_venv() / "bin" / "mooncake_master").exists():
+            raise StackError(f"Mooncake is not in the stack venv ({stack_venv()}); run `kvdrill setup`")
+        if not (self.model_dir / "model.safetensors").exists():
+            raise StackError(f"the model is missing ({self.model_dir}); run `make setup` or `kvdrill setup`")
+        if self.netns is None:
+            self.netns = NetNamespace.plan()
+        self.lmcache_config.parent.mkdir(parents=True, exist_ok=True)
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        with self.lmcache_config.open("w") as fh:
+            yaml.dump(self.lmcache_config_doc(), fh)
+        kv_transfer = {"kv_connector": "LMCacheConnectorV1", "kv_connector_module_path": "lmcache_cpu_shim",
+                       "kv_role": "kv_both", "kv_load_failure_policy": self.options.load_failure_policy}
+        venv = stack_venv()
+        opts = self.options
+        variables = {
+            "venv": venv, "bin": venv / "bin", "model_dir": self.model_dir, "served_model": SERVED_MODEL,
+            "dtype": self.pins.dtype, "shim_dir": SHIM_DIR, "lmcache_config": self.lmcache_config,
+            "netns": self.netns.name, "ns_addr": self.netns.ns_addr,
+            **{f"port_{k}": v for k, v in self.ports.items()},
+            "client_ttl": opts.client_ttl, "segment_size": opts.segment_size,
+            "kv_cache_space_gb": opts.kv_cache_space_gb, "max_model_len": opts.max_model_len,
+            "prefix_caching_flag": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
+            "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{opts.startup_deadline}s",
+        }
+        self.specs = render_services(COMPOSE_FILE, variables)
+        self.journal.append("stack.prepared", ref="sandbox-mooncake", ports=self.ports, netns=self.netns.as_dict(),
+                            model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
+                            lmcache_config=self.lmcache_config_doc())
+
+    def create_netns(self) -> None:
+        if self.netns is None:
+            self.prepare()
+        if not self.netns_created:
+            self.netns.create()
+            self.netns_created = True
+            self.journal.append("netns.created", **self.netns.as_dict())
+
+    async def up(self) -> None:
+        """Create the namespace, then start every service as soon as those it depends on are healthy.
+        On failure the caller runs :meth:`down`, which also deletes the namespace."""
+        if not self.specs:
+            self.prepare()
+        unknown = {d for s in self.specs.values() for d in s.depends_on} - set(self.specs)
+        if unknown:
+            raise StackError(f"depends_on names unknown services {sorted(unknown)} in {COMPOSE_FILE}")
+        self.create_netns()
+        healthy = {name: asyncio.Event() for name in self.specs}
+
+        async def bring_up(spec: ServiceSpec) -> None:
+            for dep in spec.depends_on:
+                await healthy[dep].wait()
+            svc = self.driver.start(spec)
+            await self.driver.wait_healthy(svc, self.http)
+            healthy[spec.name].set()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for spec in self.specs.values():
+                    group.create_task(bring_up(spec))
+        except* StackError as failed:
+            raise failed.exceptions[0] from None
+
+    async def restart(self, name: str) -> None:
+        await self.driver.stop(name)
+        svc = self.driver.start(self.specs[name])
+        await self.driver.wait_healthy(svc, self.http)
+
+    async def down(self) -> None:
+        """Stop every process (dependents first), then delete the namespace; safe to call twice."""
+        try:
+            await self.driver.stop_all()
+        finally:
+            if self.netns is not None and self.netns_created:
+                done = self.netns.delete()
+                self.netns_created = False
+                self.journal.append("netns.deleted", name=self.netns.name, **done)
+
+    def pid(self, name: str) -> int | None:
+        svc = self.driver.services.get(name)
+        return svc.pid if svc else None
+
+    def log_path(self, name: str) -> Path:
+        return self.driver.log_dir / f"{name}.log"
+
+    # --- endpoints ---------------------------------------------------------------------------------
+
+    def url(self, name: str) -> str:
+        if name == "baseline":
+            return f"http://127.0.0.1:{self.ports['baseline']}"
+        if self.netns is None:
+            raise StackError("the stack is not prepared: no namespace address yet")
+        return f"http://{self.netns.ns_addr}:{self.ports[HTTP_PORT_OF[name]]}"
+
+    async def metrics_text(self, name: str) -> str:
+        r = await self.http.get(f"{self.url(name)}/metrics", timeout=10)
+        r.raise_for_status()
+        return r.text
+
+    async def master_metrics(self) -> dict[str, float]:
+        """The master's Prometheus series (``master_*`` and the rest), parsed."""
+        return prom.parse(await self.metrics_text("mooncake-master"), prefixes=("",))
+
+    async def master_keys(self) -> list[str]:
+        r = await self.http.get(f"{self.url('mooncake-master')}/get_all_keys", timeout=10)
+        r.raise_for_status()
+        return [k for k in r.text.splitlines() if k.strip()]
+
+    async def segments(self) -> Any:
+        r = await self.http.get(f"{self.url('mooncake-master')}/get_segments_detail", timeout=10)
+        r.raise_for_status()
+        return r.json()

@@ -1,0 +1,73 @@
+"""compose/sandbox-mooncake rendered by MooncakeStack.prepare (no namespace, no process)."""
+
+from __future__ import annotations
+
+import json
+from ipaddress import IPv4Network
+
+import httpx
+from ruamel.yaml import YAML
+
+from drills.journal import Journal
+from drills.stack import mooncake
+from drills.stack.mooncake import MooncakeOptions, MooncakeStack
+from drills.stack.netns import NetNamespace
+
+NS = NetNamespace(name="kvd-0badcafe", subnet=IPv4Network("10.254.3.8/30"))
+
+
+def prepared(tmp_path, monkeypatch, **options) -> MooncakeStack:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    for exe in ("python", "mooncake_master"):
+        (venv / "bin" / exe).touch()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").touch()
+    monkeypatch.setattr(mooncake, "stack_venv", lambda: venv)
+    monkeypatch.setattr(mooncake, "stack_python", lambda: venv / "bin" / "python")
+    monkeypatch.setattr(NetNamespace, "plan", classmethod(lambda cls: NS))
+    stack = MooncakeStack(MooncakeOptions(**options), tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
+    stack.model_dir = model
+    stack.prepare()
+    return stack
+
+
+def test_everything_but_the_baseline_runs_in_the_namespace(tmp_path, monkeypatch):
+    stack = prepared(tmp_path, monkeypatch)
+    assert {n: s.netns for n, s in stack.specs.items()} == {
+        "mooncake-master": NS.name, "store-a": NS.name, "store-b": NS.name, "engine": NS.name, "baseline": None}
+    assert stack.specs["engine"].command[:4] == ["ip", "netns", "exec", NS.name]
+    assert stack.specs["baseline"].command == stack.specs["baseline"].argv
+    assert set(stack.specs["engine"].depends_on) == {"mooncake-master", "store-a", "store-b"}
+    assert stack.url("engine") == "http://10.254.3.10:8000" and stack.url("mooncake-master") == "http://10.254.3.10:9003"
+    assert stack.url("baseline").startswith("http://127.0.0.1:")
+    json.dumps(stack.state())
+
+
+def test_mooncake_and_engine_flags(tmp_path, monkeypatch):
+    stack = prepared(tmp_path, monkeypatch, load_failure_policy="fail")
+    master = stack.specs["mooncake-master"]
+    assert "--metrics_host=10.254.3.10" in master.argv and "--client_ttl=3" in master.argv
+    assert master.env["MC_TCP_BIND_ADDRESS"] == "127.0.0.1" and master.health_url == "http://10.254.3.10:9003/health"
+    for name, http_port in (("store-a", 9300), ("store-b", 9301)):
+        argv = stack.specs[name].argv
+        assert "--global_segment_size=256 MB" in argv and "--metadata_server=P2PHANDSHAKE" in argv
+        assert f"--http_port={http_port}" in argv and "--master_server_address=127.0.0.1:50051" in argv
+    engine = stack.specs["engine"]
+    argv = engine.argv
+    assert argv[argv.index("--host") + 1] == "10.254.3.10" and "--no-enable-prefix-caching" in argv
+    assert {"--enforce-eager", "--seed", "--dtype"} <= set(argv)
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "LMCacheConnectorV1", "kv_connector_module_path": "lmcache_cpu_shim",
+                  "kv_role": "kv_both", "kv_load_failure_policy": "fail"}
+    assert engine.env["PYTHONHASHSEED"] == "0" and engine.env["PYTHONPATH"] == str(mooncake.SHIM_DIR)
+    assert (mooncake.SHIM_DIR / "lmcache_cpu_shim.py").exists()
+    config = YAML(typ="safe", pure=True).load((tmp_path / "run" / "stack" / "lmcache.yaml").read_text())
+    assert engine.env["LMCACHE_CONFIG_FILE"] == str(tmp_path / "run" / "stack" / "lmcache.yaml")
+    assert config["remote_url"] == "mooncakestore://127.0.0.1:50051/" and config["local_cpu"] is False
+    assert config["chunk_size"] == 256 and config["remote_serde"] == "naive"
+    extra = config["extra_config"]
+    assert extra["mooncake_master_server_addr"] == "127.0.0.1:50051" and extra["global_segment_size"] == 0
+    assert extra["metadata_server"] == "P2PHANDSHAKE" and extra["protocol"] == "tcp"
+    assert extra["local_buffer_size"] == 134217728 and extra["transfer_timeout"] == 2
