@@ -32,11 +32,12 @@ from drills.checkers.recovery import recovered
 from drills.checkers.recovery import waves as recovery_waves
 from drills.journal import Journal, read_history
 from drills.observe import logs, prom, shm
-from drills.observe.lmcache_status import above_baseline, leak_counts
+from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import Action, LoadedScenario
+from drills.scenario import Action, LoadedScenario, StackSpec
+from drills.stack.mooncake import MooncakeOptions, MooncakeStack
 from drills.stack.process import StackError, log_tail
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
@@ -66,6 +67,18 @@ class Outcome:
     checks: list[CheckResult] = field(default_factory=list)
     expectation: dict[str, Any] | None = None
     exit_code: int = 0
+
+
+def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
+    if spec.ref == "sandbox-mooncake":
+        opts = MooncakeOptions(load_failure_policy=spec.mooncake.load_failure_policy,
+                               prefix_caching=bool(spec.engine.prefix_caching), chunk_size=spec.lmcache.chunk_size,
+                               segment_size=spec.mooncake.segment_size, client_ttl=spec.mooncake.client_ttl,
+                               kv_cache_space_gb=spec.engine.kv_cache_space_gb, max_model_len=spec.engine.max_model_len,
+                               startup_deadline=spec.engine.startup_deadline,
+                               transfer_timeout=spec.mooncake.transfer_timeout)
+        return MooncakeStack(opts, run_dir, journal, http)
+    return SandboxStack(spec, run_dir, journal, http)
 
 
 def new_run_id(name: str) -> str:
@@ -101,7 +114,8 @@ class Runner:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        async with httpx.AsyncClient(timeout=30.0) as http:
+        # trust_env off: every target is local (loopback or the run's namespace), never via a proxy
+        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             try:
                 await self._drill(http)
                 results = checkers.run_checks(read_history(self.journal.path), self.scenario.checks)
@@ -128,7 +142,7 @@ class Runner:
             if available < MIN_AVAILABLE_BYTES:
                 raise DrillError(f"only {available / 2**30:.1f} GiB of memory available; the sandbox needs "
                                  f"{MIN_AVAILABLE_BYTES / 2**30:.0f} GiB (stop other stacks, e.g. `kvdrill sandbox down`)")
-            self.stack = SandboxStack(sc.stack, self.run_dir, self.journal, http)
+            self.stack = make_stack(sc.stack, self.run_dir, self.journal, http)
             self.stack.prepare()
             manifest = versions_manifest(sc.stack, self.stack.model_dir)
             self.journal.append("versions", **manifest)
@@ -199,7 +213,10 @@ class Runner:
         fault_id = f"f{i}-{fault.injector}"
         ctx = InjectionContext(fault_id=fault_id, run_dir=self.run_dir, journal=self.journal,
                                rng=random.Random(f"{sc.seed}:{fault_id}"), stack=self.stack,
-                               prompts=self.prompts, landing_probe=self._store_probe().observe)
+                               prompts=self.prompts, landing_probe=self._store_probe().observe,
+                               chaos_prompts=self.fresh or self.prompts, workload=sc.workload,
+                               oracle_tokens={pid: e.data["token_ids"] for pid, e in
+                                              RunView(read_history(self.journal.path)).oracle().items()})
         injector = registry()[fault.injector](params, ctx)
         targets = await injector.plan()
         self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
@@ -242,23 +259,23 @@ class Runner:
                 task.cancel()
 
     def _store_probe(self) -> StoreProbe:
-        return StoreProbe(l2_dir=self.stack.l2_dir, status=self.stack.lmcache_status)
+        return self.stack.store_probe()
 
     async def _traffic(self, client: EngineClient, *, waves: int, first_wave: int = 1, prompts: PromptSet | None = None,
                        evidence: bool = False, on_request=None) -> None:
         prompts = prompts or self.prompts
-        mark = logs.mark(self.stack.driver.log_dir / "lmcache.log")
+        mark = logs.mark(self.stack.driver.log_dir / self.stack.cache_log)
         await self._metrics_point("before", wave=None)
         for wave in range(first_wave, first_wave + waves):
             await send_wave(client, prompts, self.scenario.workload, self.journal, target="engine", wave=wave,
                             on_request=on_request, on_failure=lambda: self._service_state("engine"))
             await self._metrics_point(f"wave{wave}", wave=wave)
         if evidence:
-            self.journal.append("observe.log", service="lmcache", file="logs/lmcache.log",
-                                matches=logs.matches_since(mark))
+            self.journal.append("observe.log", service=self.stack.cache_log.removesuffix(".log"),
+                                file=f"logs/{self.stack.cache_log}", matches=logs.matches_since(mark))
 
     async def _metrics_point(self, point: str, wave: int | None) -> None:
-        lmc = prom.parse(await self._metrics_or_empty("lmcache"))
+        lmc = prom.parse(await self._metrics_or_empty("cache"))
         eng = prom.parse(await self._metrics_or_empty("engine"))
         engine = self.stack.driver.services.get("engine")
         self.journal.append("observe.metrics", point=point, wave=wave,
@@ -267,8 +284,10 @@ class Runner:
     async def _metrics_or_empty(self, service: str) -> str:
         """A dead or frozen service has no metrics; that is evidence for liveness, not a crash."""
         try:
+            if service == "cache":
+                return await self.stack.cache_metrics_text()
             return await self.stack.metrics_text(service)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, StackError):
             return ""
 
     def _service_state(self, name: str) -> dict[str, Any]:
@@ -283,7 +302,7 @@ class Runner:
     async def _status_sample(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         try:
-            out["lmcache"] = leak_counts(await self.stack.lmcache_status())
+            out["lmcache"] = await self.stack.leak_counts()
         except (httpx.HTTPError, ValueError) as exc:
             out["lmcache"], out["lmcache_error"] = {}, f"{type(exc).__name__}: {exc}"
         eng = prom.parse(await self._metrics_or_empty("engine"))
@@ -338,22 +357,8 @@ class Runner:
             self.journal.append("action", action=action, result=result, took_s=round(time.monotonic() - started, 2))
 
     async def _wait_for_stores(self) -> None:
-        """Warm is done when LMCache has no store in flight and every full chunk has its L2 file."""
-        expected = [c for row in self.stack.chunk_files([p.token_ids for p in self.prompts]) for c in row]
-        deadline = time.monotonic() + STORE_DRAIN_DEADLINE
-        while True:
-            status = await self.stack.lmcache_status()
-            ctl = status.get("storage_manager", {}).get("store_controller", {})
-            missing = [c for c in expected if self.stack.l2_file(c.chunk_hash) is None]
-            if not missing and ctl.get("in_flight_task_count", 0) == 0 and ctl.get("pending_keys_count", 0) == 0:
-                break
-            if time.monotonic() > deadline:
-                raise DrillError(f"warm-up incomplete after {STORE_DRAIN_DEADLINE:.0f}s: {len(missing)} of "
-                                 f"{len(expected)} chunk files missing from {self.stack.l2_dir}")
-            await asyncio.sleep(0.5)
-        files = sorted({str(self.stack.l2_file(c.chunk_hash).name) for c in expected})
-        self.journal.append("warm.stored", chunks=len(expected), files=files,
-                            bytes=sum((self.stack.l2_dir / f).stat().st_size for f in files))
+        stored = await self.stack.wait_for_stores([p.token_ids for p in self.prompts], STORE_DRAIN_DEADLINE)
+        self.journal.append("warm.stored", **stored)
 
     # --- always --------------------------------------------------------------------------------------
 

@@ -56,16 +56,31 @@ class LMCacheOptions(_Strict):
 
 
 class EngineOptions(_Strict):
-    prefix_caching: bool = Field(True, description="vLLM's automatic prefix cache (APC)")
+    prefix_caching: bool | None = Field(
+        None, description="vLLM's automatic prefix cache (APC); default: on in sandbox, off in sandbox-mooncake "
+                          "(so every request reaches the store)")
     kv_cache_space_gb: int = Field(1, ge=1, le=8, description="VLLM_CPU_KVCACHE_SPACE")
     max_model_len: int = Field(4096, ge=512, le=8192)
     startup_deadline: Duration = 240.0
 
 
+class MooncakeSpec(_Strict):
+    """sandbox-mooncake only: LMCache in-process in vLLM, KV in a Mooncake master + two contributors."""
+
+    load_failure_policy: Literal["fail", "recompute"] = Field(
+        "recompute", description="vLLM's kv_load_failure_policy when a KV load fails")
+    client_ttl: int = Field(3, ge=1, le=60, description="seconds until the master expires a silent contributor")
+    segment_size: str = Field("256 MB", description="memory each contributor (store-a, store-b) offers")
+    transfer_timeout: int = Field(2, ge=1, le=60, description="LMCache's mooncakestore transfer_timeout (s)")
+
+
 class StackSpec(_Strict):
-    ref: Literal["sandbox"] = Field("sandbox", description="which stack under compose/ runs the drill")
+    ref: Literal["sandbox", "sandbox-mooncake"] = Field(
+        "sandbox", description="which stack under compose/ runs the drill: sandbox (LMCache MP server, fs L2) "
+                               "or sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace)")
     lmcache: LMCacheOptions = LMCacheOptions()
     engine: EngineOptions = EngineOptions()
+    mooncake: MooncakeSpec = MooncakeSpec()
 
 
 class WorkloadSpec(_Strict):

@@ -149,11 +149,14 @@ def _error_kind(exc: Exception) -> tuple[str, int | None]:
 
 async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec, journal: Journal, *,
                     target: str, wave: int, on_request: Callable[[], Awaitable[None]] | None = None,
-                    on_failure: Callable[[], dict[str, Any]] | None = None) -> list[Response]:
+                    on_failure: Callable[[], dict[str, Any]] | None = None,
+                    oracle_set: str | None = None) -> list[Response]:
     """Send every prompt once, ``spec.concurrency`` at a time; journal each request and response.
 
     ``on_request`` runs as each request is sent (request-count triggers); ``on_failure`` describes the
-    target service when a request fails (alive or not, its last log lines) for the liveness check."""
+    target service when a request fails (alive or not, its last log lines) for the liveness check.
+    ``oracle_set`` marks baseline answers that are the oracle while a fault holds (a model upgrade)."""
+    tag = {"oracle_set": oracle_set} if oracle_set else {}
     gate = asyncio.Semaphore(spec.concurrency)
 
     async def one(prompt: Prompt) -> Response:
@@ -161,7 +164,7 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
         async with gate:
             journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                            prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens,
-                           deadline_s=spec.request_timeout)
+                           deadline_s=spec.request_timeout, **tag)
             if on_request is not None:
                 await on_request()
             start = time.perf_counter()
@@ -178,8 +181,9 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
                 if isinstance(exc, httpx.HTTPStatusError):
                     detail = f" body={exc.response.text[:300]!r}"
                 kind, code = _error_kind(exc)
+                first_line = str(exc).splitlines()[0] if str(exc) else ""
                 resp = Response(request_id=request_id, prompt_id=prompt.id, ok=False,
-                                latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}{detail}",
+                                latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {first_line}{detail}",
                                 error_kind=kind, status_code=code)
             extra = {}
             if not resp.ok:
@@ -188,7 +192,7 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
             journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                            ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
                            latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
-                           **extra)
+                           **extra, **tag)
             return resp
 
     return list(await asyncio.gather(*(one(p) for p in prompts)))

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from drills.journal import Journal
+    from drills.scenario import WorkloadSpec
     from drills.stack.sandbox import SandboxStack
     from drills.workload import PromptSet
 
@@ -41,6 +42,9 @@ class InjectionContext:
     prompts: PromptSet
     # called right after a fault lands, to record whether it landed inside a KV store window
     landing_probe: Callable[[], Awaitable[dict[str, Any]]] | None = None
+    chaos_prompts: PromptSet | None = None  # what chaos traffic sends (fresh prompts, or ``prompts``)
+    workload: WorkloadSpec | None = None
+    oracle_tokens: dict[int, list[int]] | None = None  # the no-cache baseline's answer per prompt id
 
 
 @dataclass

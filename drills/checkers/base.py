@@ -75,8 +75,22 @@ class RunView:
         healed = list(self.history.of_type("fault.healed"))
         return healed[-1].ts if healed else None
 
+    def oracle_for(self, response: Event) -> Event | None:
+        """The reference answer for ``response``: the no-cache baseline of the model that was serving
+        when it was answered (a model-upgrade fault journals v2's own baseline answers as ``oracle_set``)."""
+        pid = response.data.get("prompt_id")
+        healed = {e.data.get("fault_id"): e.ts for e in self.history.of_type("fault.healed")}
+        for e in self.history.of_type("fault.injected"):
+            fid = e.data.get("oracle_set")
+            if fid and e.ts <= response.ts <= healed.get(fid, float("inf")):
+                for b in self.responses:
+                    if b.data.get("oracle_set") == fid and b.data.get("prompt_id") == pid and b.data.get("ok"):
+                        return b
+                return None
+        return self.oracle().get(pid)
+
     def correct(self, response: Event) -> bool:
-        ref = self.oracle().get(response.data.get("prompt_id"))
+        ref = self.oracle_for(response)
         return bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
 
 

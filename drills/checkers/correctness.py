@@ -29,7 +29,7 @@ def check(view: RunView, opts: CorrectnessCheck) -> CheckResult:
         for e in responses:
             checked += 1
             pid = e.data["prompt_id"]
-            ref = oracle.get(pid)
+            ref = view.oracle_for(e)
             if ref is None:
                 return CheckResult("correctness", "error", f"no baseline response for prompt {pid}",
                                    evidence=[response_ref(e)])

@@ -18,6 +18,15 @@ LMC_HIT, LMC_REQ = "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requ
 LMC_L1, LMC_L2 = "lmcache_mp_lookup_hit_l1_tokens_total", "lmcache_mp_lookup_hit_l2_tokens_total"
 EXT_HIT, EXT_Q = "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total"
 APC_HIT, APC_Q = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+PROMPT = "vllm:prompt_tokens_total"
+LOG_RETRIEVED = "kvdrill_engine_log_lmcache_retrieved_tokens_total"
+LOG_LOOKUP = "kvdrill_engine_log_lmcache_lookup_hit_tokens_total"
+EXTERNAL_SOURCE = ("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+
+
+def _labelled(samples: dict[str, Any], which: tuple[str, str]) -> float:
+    name, label = which
+    return sum(v for k, v in samples.items() if k.startswith(name + "{") and label in k)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -30,9 +39,19 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     lb, la = before.get("lmcache", {}), after.get("lmcache", {})
     eb, ea = before.get("engine", {}), after.get("engine", {})
     d = {name: total(la, name) - total(lb, name) for name in (LMC_HIT, LMC_REQ, LMC_L1, LMC_L2)}
-    d.update({name: total(ea, name) - total(eb, name) for name in (EXT_HIT, EXT_Q, APC_HIT, APC_Q)})
+    d.update({name: total(ea, name) - total(eb, name) for name in (EXT_HIT, EXT_Q, APC_HIT, APC_Q, PROMPT)})
+    source, claimed = "lmcache_server", None
+    if not any(k.startswith(LMC_REQ) for k in la) and any(k.startswith(LOG_RETRIEVED) for k in la):
+        # LMCache in-process (sandbox-mooncake): tokens LMCache's log says it really retrieved, over the
+        # prompt tokens vLLM processed; the lookup's claim is kept beside it (it also counts failed loads)
+        d[LMC_HIT] = total(la, LOG_RETRIEVED) - total(lb, LOG_RETRIEVED)
+        d[LMC_REQ] = d[PROMPT]
+        claimed = total(la, LOG_LOOKUP) - total(lb, LOG_LOOKUP)
+        source = "engine_log_retrieved_tokens"
     return {
-        "lmcache_hit_tokens": d[LMC_HIT], "lmcache_requested_tokens": d[LMC_REQ],
+        "lmcache_hit_tokens": d[LMC_HIT], "lmcache_requested_tokens": d[LMC_REQ], "hit_rate_source": source,
+        "lookup_claimed_hit_tokens": claimed,
+        "vllm_external_kv_transfer_tokens": _labelled(ea, EXTERNAL_SOURCE) - _labelled(eb, EXTERNAL_SOURCE),
         "lmcache_l1_hit_tokens": d[LMC_L1], "lmcache_l2_hit_tokens": d[LMC_L2],
         "hit_rate_tokens": _ratio(d[LMC_HIT], d[LMC_REQ]),
         "vllm_external_hits": d[EXT_HIT], "vllm_external_queries": d[EXT_Q],

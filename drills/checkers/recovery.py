@@ -23,6 +23,8 @@ def waves(view: RunView, phase: str = "recovery") -> list[dict[str, Any]]:
     out = []
     for before, after in zip(points, points[1:]):
         wave = after.data.get("wave")
+        if wave is None:
+            continue  # a "before" point opens the next wave; it closes none
         responses = by_wave.get(wave, [])
         rates = window(before.data, after.data)
         out.append({"wave": wave, "ended": after.ts, "responses": len(responses),

@@ -6,7 +6,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Series whose deltas the checkers use; everything else stays in the raw snapshot on disk.
 KEPT_PREFIXES = ("lmcache_mp_", "vllm:prefix_cache", "vllm:external_prefix_cache", "vllm:prompt_tokens",
-                 "vllm:num_requests", "vllm:kv_cache_usage", "vllm:request_success")
+                 "vllm:num_requests", "vllm:kv_cache_usage", "vllm:request_success",
+                 # the Mooncake master (sandbox-mooncake): keys, owners, capacity, and the put/get paths
+                 "master_key_count", "master_active_clients", "master_allocated_bytes", "master_total_capacity",
+                 "master_put_", "master_get_", "master_exist_",
+                 # counters kvdrill derives from log lines where a component exports none
+                 "kvdrill_engine_log_")
 
 
 def parse(text: str, prefixes: tuple[str, ...] = KEPT_PREFIXES) -> dict[str, float]:

@@ -18,10 +18,13 @@ def headline(doc: dict[str, Any]) -> str:
         line = f"{verdict}: hit rate {rate:.0%} but {wrong}/{total} responses wrong"
     elif rate is not None:
         line = f"{verdict}: hit rate {rate:.0%}, {total - (wrong or 0) if total else 0}/{total or 0} responses correct"
+    elif doc["verdict"] == "fail":
+        line = f"{verdict}"
+        failing = [c for c in doc["checks"] if c["verdict"] == "fail"]
     else:
         line = f"{verdict}: {doc['reason']}"
     if failing and doc["verdict"] == "fail":
-        line += "; " + "; ".join(f"{c['name']}: {_clip(c['summary'])}" for c in failing[:2])
+        line += (": " if line == verdict else "; ") + "; ".join(f"{c['name']}: {_clip(c['summary'])}" for c in failing[:2])
     exp = doc.get("expectation")
     if exp:
         line += f" (expected {exp['verdict']}: {'held' if exp['held'] else 'NOT held'})"

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +28,7 @@ from drills.pins import REPO_ROOT, load_pins, model_dir, stack_python, stack_ven
 from drills.stack.netns import NetNamespace
 from drills.stack.process import ProcessDriver, ServiceSpec, StackError
 from drills.stack.sandbox import SERVED_MODEL, free_port, render_services
+from drills.triggers import StoreProbe
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-mooncake" / "stack.yaml"
 SHIM_DIR = Path(__file__).with_name("vllm_shims")
@@ -48,6 +52,29 @@ class MooncakeOptions:
     max_model_len: int = 4096
     startup_deadline: float = 240.0
     transfer_timeout: int = 2  # LMCache's mooncakestore transfer_timeout (s)
+
+
+_RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens")
+_LOOKUP = re.compile(r"LMCache hit tokens: (\d+), need to load: (-?\d+)")
+_STORED = re.compile(r"Stored (\d+) out of total (\d+) tokens")
+
+
+def engine_log_counters(path: Path) -> dict[str, int]:
+    """Totals of in-process LMCache's per-request log lines (see cache_metrics_text for why)."""
+    counts = {"kvdrill_engine_log_lmcache_retrieved_tokens": 0, "kvdrill_engine_log_lmcache_required_tokens": 0,
+              "kvdrill_engine_log_lmcache_lookup_hit_tokens": 0, "kvdrill_engine_log_lmcache_stored_tokens": 0}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return counts
+    for m in _RETRIEVED.finditer(text):
+        counts["kvdrill_engine_log_lmcache_retrieved_tokens"] += int(m.group(1))
+        counts["kvdrill_engine_log_lmcache_required_tokens"] += int(m.group(2))
+    for m in _LOOKUP.finditer(text):
+        counts["kvdrill_engine_log_lmcache_lookup_hit_tokens"] += int(m.group(1))
+    for m in _STORED.finditer(text):
+        counts["kvdrill_engine_log_lmcache_stored_tokens"] += int(m.group(1))
+    return counts
 
 
 class MooncakeStack:
@@ -165,8 +192,8 @@ class MooncakeStack:
         except* StackError as failed:
             raise failed.exceptions[0] from None
 
-    async def restart(self, name: str) -> None:
-        await self.driver.stop(name)
+    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        await self.driver.stop(name, sig=sig, grace=grace)
         svc = self.driver.start(self.specs[name])
         await self.driver.wait_healthy(svc, self.http)
 
@@ -200,6 +227,62 @@ class MooncakeStack:
         r = await self.http.get(f"{self.url(name)}/metrics", timeout=10)
         r.raise_for_status()
         return r.text
+
+    # --- what the runner asks of every stack ---------------------------------------------------------
+
+    cache_log = "engine.log"  # LMCache runs inside vLLM here: its Stored/Retrieved lines are the engine's
+    l2_dir = None  # no file tier: the KV lives in the contributors' memory
+
+    def store_probe(self) -> StoreProbe:
+        """Mooncake puts are asynchronous and leave no file behind; no cheap in-flight view exists yet,
+        so a `when: store_in_flight` trigger times out here with its explanation."""
+        return StoreProbe(l2_dir=None, status=None)
+
+    async def cache_metrics_text(self) -> str:
+        """The master's metrics, plus counters kvdrill reads from the engine's LMCache log lines.
+
+        In-process LMCache exports no lookup or retrieve counters, and vLLM's own counters count a
+        failed load as a hit (defect D7: measured here too, ``prompt_tokens_by_source`` said
+        external_kv_transfer for tokens that were rescheduled and recomputed). LMCache's "Retrieved N
+        out of M required tokens" line is the truthful count, so it becomes a counter; the lookup's
+        claim ("LMCache hit tokens") sits beside it. The log spans engine restarts, so these never reset."""
+        master = await self.metrics_text("mooncake-master")
+        counts = engine_log_counters(self.log_path("engine"))
+        lines = [f"# TYPE {name} counter\n{name}_total {value}" for name, value in counts.items()]
+        return master + "\n" + "\n".join(lines) + "\n"
+
+    async def leak_counts(self) -> dict[str, int | None]:
+        """The master's view that must come back after a drill: keys and segment owners."""
+        m = await self.master_metrics()
+        return {"mooncake_keys": int(prom.total(m, "master_key_count")),
+                "mooncake_active_clients": int(prom.total(m, "master_active_clients"))}
+
+    async def clear_l1(self) -> dict[str, Any]:
+        return {"status": "skipped", "reason": "no LMCache L1 in this stack (local_cpu: False)"}
+
+    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float) -> dict[str, Any]:
+        """Warm is done when the master holds one key per distinct full chunk and stops growing.
+
+        LMCache's in-process keys hash with Python's hash(), so they are counted, not computed: a chunk
+        is distinct when the token prefix that ends with it is."""
+        size = self.options.chunk_size
+        distinct = {tuple(t[: (i + 1) * size]) for t in token_lists for i in range(len(t) // size)}
+        deadline = time.monotonic() + deadline_s
+        last, stable_since = -1, time.monotonic()
+        while True:
+            keys = int(prom.total(await self.master_metrics(), "master_key_count"))
+            if keys != last:
+                last, stable_since = keys, time.monotonic()
+            if keys >= len(distinct) and time.monotonic() - stable_since >= 1.0:
+                break
+            if time.monotonic() > deadline:
+                raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: the Mooncake master holds {keys} "
+                                 f"keys, {len(distinct)} distinct chunks were sent")
+            await asyncio.sleep(0.5)
+        metrics = await self.master_metrics()
+        return {"chunks": len(distinct), "mooncake_keys": keys,
+                "mooncake_allocated_bytes": prom.total(metrics, "master_allocated_bytes"),
+                "segments": await self.segments()}
 
     async def master_metrics(self) -> dict[str, float]:
         """The master's Prometheus series (``master_*`` and the rest), parsed."""

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ from ruamel.yaml import YAML
 
 from drills.durations import parse_duration
 from drills.journal import Journal
+from drills.observe.lmcache_status import leak_counts
 from drills.pins import REPO_ROOT, load_pins, model_dir, stack_python, stack_venv
 from drills.scenario import StackSpec
 from drills.stack.process import ProcessDriver, ServiceSpec, StackError
+from drills.triggers import StoreProbe
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox" / "stack.yaml"
 PROBE = Path(__file__).with_name("lmcache_probe.py")
@@ -57,6 +60,26 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
             netns=str(variables["netns"]) if raw.get("netns") else None,
         )
     return specs
+
+
+def link_model(source: Path, dest: Path, weights: Path | None = None) -> Path:
+    """A run's own model directory: symlinks to the cached model's files, so a drill can swap the
+    weights under the same path (an in-place upgrade) without touching the shared cache."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():
+        link = dest / f.name
+        target = weights if (weights is not None and f.name == "model.safetensors") else f
+        if not link.is_symlink() or link.resolve() != target.resolve():
+            swap_link(link, target)
+    return dest
+
+
+def swap_link(link: Path, target: Path) -> None:
+    """Point ``link`` at ``target`` atomically (a reader sees the old file or the new, never neither)."""
+    tmp = link.with_name(link.name + ".kvdrill-tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
 
 
 @dataclass
@@ -122,8 +145,9 @@ class SandboxStack:
             },
         }
         venv = stack_venv()
+        self.served_model_dir = link_model(self.model_dir, self.run_dir / "stack" / "model")
         variables = {
-            "venv": venv, "bin": venv / "bin", "model_dir": self.model_dir, "served_model": SERVED_MODEL,
+            "venv": venv, "bin": venv / "bin", "model_dir": self.served_model_dir, "served_model": SERVED_MODEL,
             "dtype": self.pins.dtype, "patch_dir": PATCH_DIR,
             **{f"port_{k}": v for k, v in self.ports.items()},
             "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
@@ -131,12 +155,20 @@ class SandboxStack:
             "supported_transfer_mode": "lmcache_driven" if lm.transfer_mode == "lmcache_driven" else "auto",
             "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
             "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
-            "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching else "--no-enable-prefix-caching",
+            "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False else "--no-enable-prefix-caching",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
         }
+        self._variables = variables
         self.specs = render_services(COMPOSE_FILE, variables)
         self.journal.append("stack.prepared", ref=self.options.ref, ports=self.ports, l2_dir=str(self.l2_dir),
-                            model_dir=str(self.model_dir), l2_adapter=adapter, kv_transfer_config=kv_transfer)
+                            model_dir=str(self.model_dir), served_model_dir=str(self.served_model_dir),
+                            l2_adapter=adapter, kv_transfer_config=kv_transfer)
+
+    def serve_model_from(self, path: Path) -> None:
+        """Point engine and baseline at another model directory from their next start (a model upgrade
+        that ships under a new path, so the cache keys, which include the path, change too)."""
+        self._variables["model_dir"] = path
+        self.specs = render_services(COMPOSE_FILE, self._variables)
 
     async def up(self) -> None:
         """Start every service as soon as the services it depends on are healthy (so the engine does not
@@ -180,6 +212,36 @@ class SandboxStack:
         port = {"lmcache": self.ports["lmcache_http"], "engine": self.ports["engine"],
                 "baseline": self.ports["baseline"]}[name]
         return f"http://127.0.0.1:{port}"
+
+    # --- what the runner asks of every stack ---------------------------------------------------------
+
+    cache_log = "lmcache.log"  # where the cache's own log lines (Stored/Retrieved) land
+
+    def store_probe(self) -> StoreProbe:
+        return StoreProbe(l2_dir=self.l2_dir, status=self.lmcache_status)
+
+    async def cache_metrics_text(self) -> str:
+        return await self.metrics_text("lmcache")
+
+    async def leak_counts(self) -> dict[str, int | None]:
+        return leak_counts(await self.lmcache_status())
+
+    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float) -> dict[str, Any]:
+        """Warm is done when LMCache has no store in flight and every full chunk has its L2 file."""
+        expected = [c for row in self.chunk_files(token_lists) for c in row]
+        deadline = time.monotonic() + deadline_s
+        while True:
+            status = await self.lmcache_status()
+            ctl = status.get("storage_manager", {}).get("store_controller", {})
+            missing = [c for c in expected if self.l2_file(c.chunk_hash) is None]
+            if not missing and ctl.get("in_flight_task_count", 0) == 0 and ctl.get("pending_keys_count", 0) == 0:
+                break
+            if time.monotonic() > deadline:
+                raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: {len(missing)} of "
+                                 f"{len(expected)} chunk files missing from {self.l2_dir}")
+            await asyncio.sleep(0.5)
+        files = sorted({str(self.l2_file(c.chunk_hash).name) for c in expected})
+        return {"chunks": len(expected), "files": files, "bytes": sum((self.l2_dir / f).stat().st_size for f in files)}
 
     async def clear_l1(self) -> dict[str, Any]:
         r = await self.http.post(f"{self.url('lmcache')}/cache/clear", json={"force": False}, timeout=30)

@@ -71,3 +71,19 @@ def test_mooncake_and_engine_flags(tmp_path, monkeypatch):
     assert extra["mooncake_master_server_addr"] == "127.0.0.1:50051" and extra["global_segment_size"] == 0
     assert extra["metadata_server"] == "P2PHANDSHAKE" and extra["protocol"] == "tcp"
     assert extra["local_buffer_size"] == 134217728 and extra["transfer_timeout"] == 2
+
+
+def test_engine_log_counters_sum_lmcache_lines(tmp_path):
+    from drills.stack.mooncake import engine_log_counters
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "LMCache INFO: Reqid: a, Total tokens 1024, Inference Engine computed tokens: 0, LMCache hit tokens: 1024, "
+        "need to load: 1023\n"
+        "LMCache INFO: [req_id=a] Retrieved 512 out of 1024 required tokens (from 1024 total tokens).\n"
+        "LMCache INFO: Stored 768 out of total 768 tokens. size: 0.03 gb\n")
+    c = engine_log_counters(log)
+    assert c["kvdrill_engine_log_lmcache_retrieved_tokens"] == 512
+    assert c["kvdrill_engine_log_lmcache_required_tokens"] == 1024
+    assert c["kvdrill_engine_log_lmcache_lookup_hit_tokens"] == 1024
+    assert c["kvdrill_engine_log_lmcache_stored_tokens"] == 768
+    assert engine_log_counters(tmp_path / "missing.log")["kvdrill_engine_log_lmcache_retrieved_tokens"] == 0

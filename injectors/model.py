@@ -1,0 +1,131 @@
+"""``model``: upgrade the engine to different weights under the same served model name, cache kept.
+
+The new release is a deterministic "v2" derived from SmolLM2 (seeded noise on every weight, see
+``drills/stack/perturb_model.py``), built once per (seed, scale) into kvdrill's cache. With
+``served_path: same`` the weights are swapped under the run's own model path (an in-place upgrade):
+LMCache's keys name the model by that path, so v1's KV keeps being served to v2 (defect D12, incident
+row 10). With ``served_path: new`` v2 is served from a new path, as when the revision is part of the
+model name, and the keys change with it.
+
+The baseline is upgraded too, and v2's own no-cache answers are journaled as the oracle for every
+request while the fault holds; the proof is that v2 answers differently from v1 at all. Heal puts v1
+back on both engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from drills.digest import sha256_file
+from drills.pins import stack_python
+from drills.stack.sandbox import SERVED_MODEL, link_model, swap_link
+from drills.workload import EngineClient, send_wave
+from injectors.base import HealReport, InjectionError, Injector, Proof
+
+PERTURB = Path(__file__).resolve().parents[1] / "drills" / "stack" / "perturb_model.py"
+UPGRADED = ("engine", "baseline")
+
+
+class ModelParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(1, ge=0, description="seed of v2's weight noise")
+    scale: float = Field(0.05, gt=0, le=1, description="noise per tensor, as a fraction of the tensor's std")
+    served_path: Literal["same", "new"] = Field(
+        "same", description="same: weights swapped under the same model path (in-place upgrade); new: v2 "
+                            "served from a new path, as when the revision is in the model name")
+
+
+def derived_weights(model_dir: Path, seed: int, scale: float) -> Path:
+    """v2's safetensors file, built on first use next to the cached model (never inside a run)."""
+    out_dir = model_dir.with_name(f"{model_dir.name}-v2-s{seed}-x{scale:g}")
+    out = out_dir / "model.safetensors"
+    if not out.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / "model.safetensors.partial"
+        proc = subprocess.run([str(stack_python()), str(PERTURB), str(model_dir / "model.safetensors"), str(tmp),
+                               str(seed), str(scale)], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise InjectionError(f"model: deriving v2 weights failed: {proc.stderr[-1500:]}")
+        tmp.replace(out)
+    return out
+
+
+class ModelUpgrade(Injector):
+    name = "model"
+    Params = ModelParams
+
+    def __init__(self, params: ModelParams, ctx) -> None:
+        super().__init__(params, ctx)
+        self.p: ModelParams = params
+        self.v1: Path | None = None
+        self.v2: Path | None = None
+        self.injected_at: float | None = None
+        self._healed = False
+
+    async def plan(self) -> list[dict[str, Any]]:
+        stack = self.ctx.stack
+        if not hasattr(stack, "serve_model_from"):
+            raise InjectionError("model: this stack cannot swap weights (stack.ref: sandbox only)")
+        self.v1 = stack.model_dir / "model.safetensors"
+        self.v2 = await asyncio.to_thread(derived_weights, stack.model_dir, self.p.seed, self.p.scale)
+        return [{"services": list(UPGRADED), "served_model": SERVED_MODEL, "served_path": self.p.served_path,
+                 "v1": {"path": str(self.v1), "sha256": sha256_file(self.v1)},
+                 "v2": {"path": str(self.v2), "sha256": await asyncio.to_thread(sha256_file, self.v2),
+                        "seed": self.p.seed, "scale": self.p.scale}}]
+
+    def _serve(self, weights: Path) -> Path:
+        stack = self.ctx.stack
+        if self.p.served_path == "same":
+            swap_link(stack.served_model_dir / "model.safetensors", weights)
+            return stack.served_model_dir
+        path = stack.served_model_dir if weights == self.v1 else stack.run_dir / "stack" / "model-v2"
+        link_model(stack.model_dir, path, weights=weights)
+        stack.serve_model_from(path)
+        return path
+
+    async def _restart_both(self) -> None:
+        await asyncio.gather(*(self.ctx.stack.restart(name) for name in UPGRADED))
+
+    async def inject(self) -> None:
+        self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name,
+                                undo={"weights": str(self.v1), "served_model_dir": str(self.ctx.stack.served_model_dir),
+                                      "restart": list(UPGRADED)})
+        path = self._serve(self.v2)
+        await self._restart_both()
+        self.injected_at = time.time()
+        self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
+                                model_path=str(path), weights=str(self.v2), oracle_set=self.ctx.fault_id,
+                                service_down=False)
+
+    async def verify(self) -> Proof:
+        """v2's own no-cache answers become the oracle while the fault holds; v2 must differ from v1."""
+        prompts = self.ctx.chaos_prompts or self.ctx.prompts
+        baseline = EngineClient(self.ctx.stack.url("baseline"), SERVED_MODEL, self.ctx.stack.http)
+        spec = self.ctx.workload
+        answers = await send_wave(baseline, prompts, spec, self.ctx.journal, target="baseline", wave=0,
+                                  oracle_set=self.ctx.fault_id)
+        if not all(a.ok for a in answers):
+            return Proof(False, "model: v2's baseline failed requests, so there is no v2 oracle")
+        v1 = self.ctx.oracle_tokens or {}
+        differ = [a.prompt_id for a in answers if v1.get(a.prompt_id) is not None and a.token_ids != v1[a.prompt_id]]
+        return Proof(bool(differ), f"v2 (seed {self.p.seed}, scale {self.p.scale:g}) served as {SERVED_MODEL!r}: "
+                                   f"its no-cache answer differs from v1's for {len(differ)}/{len(answers)} prompts",
+                     [{"prompts_that_differ": differ, "oracle_set": self.ctx.fault_id}])
+
+    async def heal(self) -> HealReport:
+        report = HealReport()
+        if self._healed or self.injected_at is None:
+            report.already_healed.append("v1 weights")
+            return report
+        self._healed = True
+        self._serve(self.v1)
+        await self._restart_both()
+        report.undone.append(f"v1 weights served again from {self.ctx.stack.served_model_dir}; engine and "
+                             "baseline restarted")
+        return report

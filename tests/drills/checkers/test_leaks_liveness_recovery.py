@@ -1,0 +1,152 @@
+"""The leaks, liveness and recovery checkers on small journals written through the real Journal API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from drills.checkers import leaks, liveness, recovery
+from drills.checkers.base import RunView
+from drills.journal import Journal, read_history
+from drills.scenario import LeaksCheck, LivenessCheck, RecoveryCheck
+from tests.drills.checkers.journals import ORACLE, metrics
+
+COUNTS = {"l1_read_locked": 0, "active_sessions": 0, "registered_workers": 1}
+
+
+def _oracle(j: Journal) -> None:
+    j.phase = "oracle"
+    for pid, (tokens, text) in ORACLE.items():
+        j.append("response", request_id=f"oracle-w1-p{pid}-baseline", prompt_id=pid, target="baseline", wave=1,
+                 ok=True, token_ids=tokens, text=text)
+
+
+def _answer(j: Journal, phase: str, pid: int, wave: int = 1, ok: bool = True, right: bool = True, **extra) -> None:
+    tokens = ORACLE[pid][0] if right else [0, 0, 0, 0]
+    j.append("response", request_id=f"{phase}-w{wave}-p{pid}-engine", prompt_id=pid, target="engine", wave=wave,
+             ok=ok, token_ids=tokens if ok else [], text="", **extra)
+
+
+def _drain(j: Journal, end: dict, waited: float = 3.0) -> None:
+    j.phase = "drain"
+    j.append("observe.status", point="drain", lmcache=end, engine_kv_usage=0.0)
+    j.append("drain.result", returned=end == COUNTS, still_above=[], deadline_s=45, waited_s=waited)
+
+
+def test_leaks_pass_when_counts_return_and_fail_naming_what_did_not(tmp_path: Path):
+    j = Journal(tmp_path / "a")
+    j.phase = "steady"
+    j.append("observe.status", point="baseline", lmcache=COUNTS, engine_kv_usage=0.0)
+    j.phase = "chaos"
+    j.append("observe.status", point="sample", lmcache={**COUNTS, "l1_read_locked": 4}, engine_kv_usage=0.1)
+    _drain(j, COUNTS)
+    j.close()
+    assert leaks.check(RunView(read_history(tmp_path / "a")), LeaksCheck()).verdict == "pass"
+
+    j = Journal(tmp_path / "b")
+    j.phase = "steady"
+    j.append("observe.status", point="baseline", lmcache=COUNTS, engine_kv_usage=0.0)
+    j.phase = "heal"
+    j.append("service.stopped", service="engine", generation=1,
+             shm_segments_left_behind=[{"segment": "lmcache_kv_4242_0", "bytes": 2**30},
+                                       {"segment": "__KMP_REGISTERED_LIB_4242_0", "bytes": 1024}])
+    _drain(j, {**COUNTS, "active_sessions": 1}, waited=45.0)
+    j.close()
+    result = leaks.check(RunView(read_history(tmp_path / "b")), LeaksCheck())
+    assert result.verdict == "fail"
+    kinds = {e["kind"] for e in result.evidence}
+    assert kinds == {"lmcache_status", "shm_segment"}  # the OpenMP file is not a KV leak
+    assert "/dev/shm/lmcache_kv_4242_0 (1.00 GiB)" in result.summary and "active_sessions 0 -> 1" in result.summary
+    assert result.details["lmcache_series"]["active_sessions"][-1][1] == 1
+
+
+def test_leaks_is_an_error_without_a_drain(tmp_path: Path):
+    j = Journal(tmp_path)
+    j.append("observe.status", point="baseline", lmcache=COUNTS)
+    j.close()
+    assert leaks.check(RunView(read_history(tmp_path)), LeaksCheck()).verdict == "error"
+
+
+def test_liveness_separates_failures_a_fault_caused_on_purpose(tmp_path: Path):
+    j = Journal(tmp_path)
+    _oracle(j)
+    j.phase = "chaos"
+    j.append("fault.injected", fault_id="f0-process", service="engine", service_down=True)
+    _answer(j, "chaos", 0, ok=False, error_kind="connect", service_state={"alive": False, "log_tail": ["bye"]})
+    j.phase = "heal"
+    j.append("fault.healed", fault_id="f0-process", undone=["started engine"], already_healed=[])
+    j.phase = "recovery"
+    _answer(j, "recovery", 0)
+    j.close()
+    result = liveness.check(RunView(read_history(tmp_path)), LivenessCheck())
+    assert result.verdict == "pass" and len(result.details["expected_unavailable"]) == 1
+
+
+def test_liveness_fails_on_5xx_hangs_and_deaths(tmp_path: Path):
+    j = Journal(tmp_path)
+    _oracle(j)
+    j.phase = "chaos"
+    _answer(j, "chaos", 0, ok=False, error_kind="http_5xx", status_code=500,
+            service_state={"alive": True, "log": "logs/engine.log", "log_tail": ["Failing 1 request(s)"]})
+    _answer(j, "chaos", 1, ok=False, error_kind="hung")
+    j.append("service.died", service="engine", returncode=-9, log_tail=["Killed"])
+    j.close()
+    result = liveness.check(RunView(read_history(tmp_path)), LivenessCheck())
+    assert result.verdict == "fail"
+    assert "engine died (exit -9)" in result.summary and "1 HTTP 5xx" in result.summary and "1 hung" in result.summary
+    assert result.evidence[1]["log_tail"] == ["Failing 1 request(s)"]
+
+
+def _recovery_journal(tmp: Path, waves: list[tuple[bool, float]]) -> RunView:
+    j = Journal(tmp)
+    _oracle(j)
+    j.phase = "heal"
+    j.append("fault.healed", fault_id="f0", undone=["x"], already_healed=[])
+    j.phase = "recovery"
+    hit = 0.0
+    for n, (right, rate) in enumerate(waves, start=1):
+        j.append("observe.metrics", point="before", wave=None, **metrics(hit, hit * 2))
+        for pid in ORACLE:
+            _answer(j, "recovery", pid, wave=n, right=right)
+        j.append("observe.metrics", point=f"wave{n}", wave=n, **metrics(hit + rate * 1000, hit * 2 + 1000))
+        hit += rate * 1000
+    j.close()
+    return RunView(read_history(tmp))
+
+
+def test_recovery_measures_the_first_wave_that_is_right_and_cached(tmp_path: Path):
+    view = _recovery_journal(tmp_path, [(False, 0.0), (True, 0.2), (True, 0.9)])
+    result = recovery.check(view, RecoveryCheck(min_hit_rate=0.5))
+    assert result.verdict == "pass" and "wave 3" in result.summary
+    assert [w["all_correct"] for w in result.details["waves"]] == [False, True, True]
+
+
+def test_recovery_fails_when_the_cache_never_comes_back(tmp_path: Path):
+    view = _recovery_journal(tmp_path, [(True, 0.0), (True, 0.1)])
+    assert recovery.check(view, RecoveryCheck(min_hit_rate=0.5)).verdict == "fail"
+    assert recovery.check(view, RecoveryCheck(min_hit_rate=None)).verdict == "pass"
+
+
+def test_recovery_fails_when_no_answer_is_ever_right(tmp_path: Path):
+    view = _recovery_journal(tmp_path, [(False, 1.0)])
+    result = recovery.check(view, RecoveryCheck())
+    assert result.verdict == "fail" and "no correct response" in result.summary
+
+
+def test_an_upgrade_fault_s_own_baseline_is_the_oracle_while_it_holds(tmp_path: Path):
+    j = Journal(tmp_path)
+    _oracle(j)
+    j.phase = "chaos"
+    j.append("fault.injected", fault_id="f0-model", oracle_set="f0-model", service_down=False)
+    j.append("response", request_id="chaos-w0-p0-baseline", prompt_id=0, target="baseline", wave=0, ok=True,
+             token_ids=[7, 7, 7, 7], text="v2", oracle_set="f0-model")
+    j.append("response", request_id="chaos-w1-p0-engine", prompt_id=0, target="engine", wave=1, ok=True,
+             token_ids=[7, 7, 7, 7], text="v2")
+    j.phase = "heal"
+    j.append("fault.healed", fault_id="f0-model", undone=["v1"], already_healed=[])
+    j.phase = "recovery"
+    _answer(j, "recovery", 0)
+    j.close()
+    view = RunView(read_history(tmp_path))
+    chaos, after = [e for e in view.responses if e.data["target"] == "engine"]
+    assert view.oracle_for(chaos).data["text"] == "v2" and view.correct(chaos)
+    assert view.oracle_for(after).phase == "oracle" and view.correct(after)

@@ -1,0 +1,79 @@
+"""The store injector's own logic on real (tiny) process groups, with a scripted master view."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+
+import httpx
+import pytest
+
+from drills.journal import Journal, read_history
+from drills.stack.process import ProcessDriver
+from injectors.base import InjectionContext, InjectionError
+from injectors.store import StoreFault, StoreParams
+from tests.drills.stack.test_process import spec
+from tests.injectors.test_process import TinyStack
+
+
+class TinyMooncake(TinyStack):
+    """A contributor stand-in whose master 'expires' it 0.3 s after it dies, like client_ttl."""
+
+    def __init__(self, driver, http) -> None:
+        super().__init__(driver, http)
+        self.died_at: float | None = None
+
+    async def master_metrics(self) -> dict[str, float]:
+        svc = self.driver.services.get("store-a")
+        alive = svc is not None and svc.popen.poll() is None
+        loop = asyncio.get_running_loop()
+        if not alive and self.died_at is None:
+            self.died_at = loop.time()
+        expired = self.died_at is not None and loop.time() - self.died_at > 0.3
+        return {"master_active_clients": 1.0 if expired else 2.0, "master_key_count": 3.0 if expired else 6.0,
+                "master_total_capacity_bytes": 2**28, "master_allocated_bytes": 2**25}
+
+
+@pytest.fixture
+async def mooncake(tmp_path):
+    journal = Journal(tmp_path / "run")
+    async with httpx.AsyncClient() as http:
+        driver = ProcessDriver(tmp_path / "run" / "logs", journal)
+        st = TinyMooncake(driver, http)
+        st.specs["store-a"] = spec(tmp_path, name="store-a")
+        await driver.wait_healthy(driver.start(st.specs["store-a"]), http)
+        yield st, journal
+        for name in list(driver.services):
+            await driver.stop(name, sig=signal.SIGKILL)
+
+
+def fault(stack, journal, tmp_path, **params) -> StoreFault:
+    ctx = InjectionContext(fault_id="f0-store", run_dir=tmp_path, rng=random.Random(0), journal=journal,
+                           stack=stack, prompts=None)
+    return StoreFault(StoreParams(**params), ctx)
+
+
+async def test_kill_proof_carries_the_master_view_and_the_watcher_times_detection(mooncake, tmp_path):
+    st, journal = mooncake
+    inj = fault(st, journal, tmp_path, service="store-a", action="kill", watch_for=5)
+    target = (await inj.plan())[0]
+    assert target["master_before"]["master_active_clients"] == 2.0
+    await inj.inject()
+    proof = await inj.verify()
+    assert proof.effective and proof.details[-1]["master_before"]["master_key_count"] == 6.0
+    await asyncio.sleep(1.0)
+    [noticed] = list(read_history(journal.path).of_type("store.master_noticed"))
+    assert noticed.data["after_s"] is not None and noticed.data["view"]["master_active_clients"] == 1.0
+    report = await inj.heal()
+    assert report.undone and st.driver.services["store-a"].alive
+
+
+async def test_only_mooncake_services_and_only_on_a_mooncake_stack(tmp_path):
+    with pytest.raises(ValueError):
+        StoreParams(service="engine", action="kill")
+    journal = Journal(tmp_path / "run")
+    async with httpx.AsyncClient() as http:
+        plain = TinyStack(ProcessDriver(tmp_path / "run" / "logs", journal), http)
+        with pytest.raises(InjectionError, match="sandbox-mooncake"):
+            await fault(plain, journal, tmp_path, service="store-a", action="kill").plan()
