@@ -200,6 +200,8 @@ class ProcessDriver:
     async def wait_healthy(self, svc: RunningService, http: httpx.AsyncClient) -> None:
         deadline = svc.started_at + svc.spec.startup_deadline
         while True:
+            # remember every pid seen while it starts: one that dies before healthy leaves files too
+            svc.members |= group_members(svc.pid)
             if not svc.alive:
                 raise StackError(f"{svc.spec.name} exited with code {svc.popen.returncode} before becoming healthy; "
                                  f"last log lines ({svc.log_path}):\n{log_tail(svc.log_path)}")
