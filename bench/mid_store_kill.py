@@ -44,14 +44,14 @@ async def attempt(i: int, stack: SandboxStack, engine: EngineClient, baseline: E
                   run_dir: Path) -> dict:
     prompt = (await build_prompts(baseline, WORKLOAD, seed=1000 + i)).prompts[0]
     want = (await baseline.complete(prompt.token_ids, WORKLOAD.max_tokens, 120))["choices"][0]["token_ids"]
+    ctx = InjectionContext(fault_id=f"a{i}-process", run_dir=run_dir, rng=random.Random(i), journal=journal,
+                           stack=stack, prompts=None, landing_probe=stack.store_probe().observe)
+    fault = ProcessFault(ProcessParams(service="engine", action="kill"), ctx)
+    await fault.plan()  # planned before it is armed, as the runner does
     state = TriggerState(probe=stack.store_probe())
     trigger = asyncio.create_task(wait_for(Trigger(when="store_in_flight", timeout=60), state))
     request = asyncio.create_task(engine.complete(prompt.token_ids, WORKLOAD.max_tokens, 120))
     fired = await trigger
-    ctx = InjectionContext(fault_id=f"a{i}-process", run_dir=run_dir, rng=random.Random(i), journal=journal,
-                           stack=stack, prompts=None, landing_probe=stack.store_probe().observe)
-    fault = ProcessFault(ProcessParams(service="engine", action="kill"), ctx)
-    await fault.plan()
     await fault.inject()
     proof = await fault.verify()
     killed_at = fault.injected_at

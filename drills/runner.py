@@ -189,7 +189,7 @@ class Runner:
             planned = list(enumerate(zip(sc.chaos.faults, self.loaded.fault_params)))
             for i, (fault, params) in planned:
                 if fault.trigger is None:
-                    await self._inject(i, fault, params, fired={"trigger": "before_traffic"})
+                    await self._fire(await self._plan(i, fault, params), {"trigger": "before_traffic"})
             await self._actions(sc.chaos.actions)
             await self._chaos_traffic(engine, [(i, f, p) for i, (f, p) in planned if f.trigger is not None])
 
@@ -208,7 +208,9 @@ class Runner:
         with self._phase("drain", "waiting for locks, stores, sessions and workers to return to pre-chaos values"):
             await self._drain()
 
-    async def _inject(self, i: int, fault, params, fired: dict[str, Any]) -> None:
+    async def _plan(self, i: int, fault, params) -> Injector:
+        """Build and plan a fault; a triggered one is planned before it is armed, so when its condition
+        holds only the injection itself stands between the observation and the fault."""
         sc = self.scenario
         fault_id = f"f{i}-{fault.injector}"
         ctx = InjectionContext(fault_id=fault_id, run_dir=self.run_dir, journal=self.journal,
@@ -220,9 +222,15 @@ class Runner:
         injector = registry()[fault.injector](params, ctx)
         targets = await injector.plan()
         self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
-                            params=params.model_dump(mode="json"), targets=targets, trigger=fired)
+                            params=params.model_dump(mode="json"), targets=targets,
+                            trigger=fault.trigger.model_dump(mode="json", exclude_none=True) if fault.trigger else None)
+        return injector
+
+    async def _fire(self, injector: Injector, fired: dict[str, Any]) -> None:
+        fault_id = injector.ctx.fault_id
         self.injectors.append(injector)
         await injector.inject()
+        self.journal.append("fault.fired", fault_id=fault_id, trigger=fired)
         proof = await injector.verify()
         self.journal.append("fault.verified", fault_id=fault_id, effective=proof.effective,
                             summary=proof.summary, details=proof.details)
@@ -235,15 +243,17 @@ class Runner:
         state = TriggerState(probe=self._store_probe())
         fired: dict[int, bool] = {}
 
-        async def arm(i: int, fault, params) -> None:
+        async def arm(i: int, fault, injector: Injector) -> None:
             try:
                 seen = await wait_for(fault.trigger, state)
             except TriggerTimeout as exc:
                 raise DrillError(f"fault f{i}-{fault.injector}: {exc}") from None
             fired[i] = True
-            await self._inject(i, fault, params, fired=seen)
+            await self._fire(injector, seen)
 
-        tasks = {i: asyncio.create_task(arm(i, f, p)) for i, f, p in triggered}
+        armed = [(i, f, await self._plan(i, f, p)) for i, f, p in triggered]
+        state.started = time.monotonic()  # `at:` counts from the first chaos request, not from planning
+        tasks = {i: asyncio.create_task(arm(i, f, inj)) for i, f, inj in armed}
         triggers = {i: f.trigger.model_dump(mode="json", exclude_none=True) for i, f, _ in triggered}
         try:
             await self._traffic(engine, waves=self.scenario.workload.repeats, prompts=self.fresh or self.prompts,

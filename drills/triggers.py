@@ -114,11 +114,13 @@ async def _wait_store_in_flight(trigger: Trigger, probe: StoreProbe) -> dict[str
         polls += 1
         tmp = probe.tmp_files()
         if tmp:
-            return {"trigger": "store_in_flight", "seen_by": "l2_tmp_file", "tmp_files": tmp[:8], "polls": polls}
+            return {"trigger": "store_in_flight", "seen_by": "l2_tmp_file", "tmp_files": tmp[:8], "polls": polls,
+                    "t": time.time()}
         if time.monotonic() >= next_status:
             ctl = await probe.controller()
             if any(ctl.values()):
-                return {"trigger": "store_in_flight", "seen_by": "store_controller", **ctl, "polls": polls}
+                return {"trigger": "store_in_flight", "seen_by": "store_controller", **ctl, "polls": polls,
+                        "t": time.time()}
             # /status makes the server check its allocator (~40 ms of its CPU): ask it rarely
             next_status = time.monotonic() + 0.25
         await asyncio.sleep(trigger.poll)

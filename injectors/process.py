@@ -78,6 +78,8 @@ class ProcessFault(Injector):
 
     async def inject(self) -> None:
         svc = self._service()
+        if svc.pid != self.target.get("pgid"):
+            await self.plan()  # restarted since it was planned (a triggered fault is planned early)
         undo = {"term": "start", "kill": "start", "stop": "cont", "cont": "none", "restart": "none"}[self.p.action]
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name,
                                 undo={"action": undo, "service": self.p.service, "pgid": svc.pid})

@@ -67,9 +67,11 @@ def markdown(doc: dict[str, Any], history: History) -> str:
             out.append(f"  - fired by trigger `{trig['trigger']}`: {_clip(str({k: v for k, v in trig.items() if k != 'trigger'}))}")
         if f.get("landing") is not None:
             land = f["landing"]
+            lag = (f", {1000 * (land['t'] - trig['t']):.0f} ms after the trigger saw the store"
+                   if land.get("t") and trig.get("t") else "")
             out.append(f"  - landed inside a store window: **{'yes' if land.get('in_flight') else 'no'}** "
                        f"({land.get('tmp_count', 0)} L2 .tmp file(s), {land.get('in_flight_task_count', '?')} store(s) "
-                       "in flight right after the signal)")
+                       f"in flight right after the signal{lag})")
     for h in doc["heals"]:
         what = "; ".join(h["undone"]) if h["undone"] else "nothing left to undo"
         out.append(f"- `{h['fault_id']}` healed ({h['ref']}): {_clip(what, 200)}")

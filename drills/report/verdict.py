@@ -19,7 +19,7 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
     chaos = rates.get("chaos") or {}
     correctness = next((c for c in outcome.checks if c.name == "correctness"), None)
     wrong = correctness.details.get("per_phase", {}).get("chaos", {}) if correctness else {}
-    planned = {e.data["fault_id"]: e.data for e in history.of_type("fault.planned")}
+    planned = {e.data["fault_id"]: e.data for e in history.of_type("fault.fired")}
     landed = {e.data["fault_id"]: e.data.get("landing") for e in history.of_type("fault.injected")}
     faults = [{"fault_id": e.data["fault_id"], "effective": e.data["effective"], "summary": e.data["summary"],
                "ref": e.ref, "trigger": planned.get(e.data["fault_id"], {}).get("trigger"),

@@ -41,7 +41,8 @@ def _events(run_dir, type_):
             yield event
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+# each scenario its own xdist group: `make test` spreads them over two workers
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.xdist_group(s)) for s in SCENARIOS])
 def test_scenario_reaches_its_declared_verdict(scenario):
     reports = ARTIFACTS / "catalogue"
     reports.mkdir(parents=True, exist_ok=True)

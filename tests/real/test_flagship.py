@@ -12,7 +12,8 @@ from drills.observe.logs import ANSI
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
 
-pytestmark = pytest.mark.real
+# one xdist group: the module-scoped stack and drills run once, on one worker
+pytestmark = [pytest.mark.real, pytest.mark.xdist_group("flagship")]
 
 
 FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"

@@ -14,7 +14,8 @@ import pytest
 from drills.pins import stack_python
 from drills.stack.mooncake import SHIM_DIR
 
-pytestmark = pytest.mark.real
+# one xdist group: the module-scoped stack and drills run once, on one worker
+pytestmark = [pytest.mark.real, pytest.mark.xdist_group("cpu-shim")]
 
 SCRIPT = textwrap.dedent("""
     import sys

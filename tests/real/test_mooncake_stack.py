@@ -27,7 +27,8 @@ from drills.workload import EngineClient, build_prompts
 
 from .conftest import ARTIFACTS, assert_nothing_left, started_pids
 
-pytestmark = pytest.mark.real
+# one xdist group: the module-scoped stack and drills run once, on one worker
+pytestmark = [pytest.mark.real, pytest.mark.xdist_group("mooncake-stack")]
 
 # one prompt of ~900 tokens: three full 256-token chunks go to Mooncake
 PROMPT = WorkloadSpec(prompts=1, shared_prefix_tokens=0, unique_tokens=900, max_tokens=16, concurrency=1)
