@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from drills.digest import sha256_file
 from drills.pins import stack_python
-from drills.stack.sandbox import SERVED_MODEL, link_model, swap_link
+from drills.stack.sandbox import SERVED_MODEL, link_model, served_dir, swap_link
 from drills.workload import EngineClient, send_wave
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
@@ -84,7 +84,7 @@ class ModelUpgrade(Injector):
         if self.p.served_path == "same":
             swap_link(stack.served_model_dir / "model.safetensors", weights)
             return stack.served_model_dir
-        path = stack.served_model_dir if weights == self.v1 else stack.run_dir / "stack" / "model-v2"
+        path = stack.served_model_dir if weights == self.v1 else served_dir(stack.run_dir, "-v2")
         link_model(stack.model_dir, path, weights=weights)
         stack.serve_model_from(path)
         return path

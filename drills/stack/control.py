@@ -19,7 +19,7 @@ from drills.journal import Journal
 from drills.runner import new_run_id
 from drills.scenario import StackSpec
 from drills.stack.process import StackError, group_members, remove_shm_of, terminate_group
-from drills.stack.sandbox import SandboxStack
+from drills.stack.sandbox import SandboxStack, remove_served
 
 STATE = "sandbox.json"
 
@@ -98,6 +98,7 @@ def down(reports_dir: Path, console: Console) -> int:
             console.print(f"{name}: stopped ({', '.join(sent)}), removed {len(cleaned)} leaked shm segment(s)")
 
     asyncio.run(stop_all())
+    remove_served(Path(state["run_dir"]))
     journal.close()
     state_path.unlink()
     return 0

@@ -8,8 +8,10 @@ for defect D3, off by default.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +26,7 @@ from ruamel.yaml import YAML
 from drills.durations import parse_duration
 from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
-from drills.pins import REPO_ROOT, load_pins, model_dir, stack_python, stack_venv
+from drills.pins import REPO_ROOT, cache_home, load_pins, model_dir, stack_python, stack_venv
 from drills.scenario import StackSpec
 from drills.stack.process import ProcessDriver, ServiceSpec, StackError
 from drills.triggers import StoreProbe
@@ -60,6 +62,21 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
             netns=str(variables["netns"]) if raw.get("netns") else None,
         )
     return specs
+
+
+def served_dir(run_dir: Path, suffix: str = "") -> Path:
+    """Where a run serves its model from: short, because LMCache names every fs-L2 file after the
+    model path (each '/' spelled '-SEP-') plus a 64-digit hash, and a file name has 255 bytes. A path
+    inside a deep run directory overflowed that; this one is about 40 characters wherever the clone is."""
+    digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:10]
+    return cache_home() / "served" / f"{digest}{suffix}"
+
+
+def remove_served(run_dir: Path) -> None:
+    """Delete the run's served-model directories (they hold only symlinks kvdrill made)."""
+    for path in (served_dir(run_dir), served_dir(run_dir, "-v2")):
+        if path.is_dir() and all(p.is_symlink() for p in path.iterdir()):
+            shutil.rmtree(path)
 
 
 def link_model(source: Path, dest: Path, weights: Path | None = None) -> Path:
@@ -145,7 +162,7 @@ class SandboxStack:
             },
         }
         venv = stack_venv()
-        self.served_model_dir = link_model(self.model_dir, self.run_dir / "stack" / "model")
+        self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
         variables = {
             "venv": venv, "bin": venv / "bin", "model_dir": self.served_model_dir, "served_model": SERVED_MODEL,
             "dtype": self.pins.dtype, "patch_dir": PATCH_DIR,
@@ -201,6 +218,7 @@ class SandboxStack:
 
     async def down(self) -> None:
         await self.driver.stop_all()
+        remove_served(self.run_dir)
 
     def pid(self, name: str) -> int | None:
         svc = self.driver.services.get(name)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ ARTIFACTS = REPO / "reports" / "tests"
 
 def orphaned(name: str) -> bool:
     """A /dev/shm file nobody can still use: named after a dead pid, or held open or mapped by no one.
-    (The real suite runs on two workers, so a file of the other worker's live drill is not a leak.)"""
+    (A file of a drill still running beside the suite, e.g. a developer's sandbox, is not a leak.)"""
     m = re.match(r"^(?:lmcache_kv|__KMP_REGISTERED_LIB)_(\d+)_\d+$", name)
     if m:
         return not Path(f"/proc/{m.group(1)}").exists()
@@ -68,3 +70,22 @@ def assert_nothing_left(pids: set[int]) -> None:
     leftovers = [s.name for s in shm.SHM_DIR.glob("lmcache_kv_*")
                  if any(s.name.startswith(f"lmcache_kv_{p}_") for p in pids)]
     assert not leftovers, f"shared-memory segments left behind: {leftovers}"
+
+
+def run_kvdrill(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """`kvdrill ARGS`; on timeout or interrupt it gets SIGTERM first (the runner then heals and stops
+    its stack), and SIGKILL only if it has not exited two minutes later. subprocess.run would SIGKILL
+    it at once and orphan every service it started."""
+    proc = subprocess.Popen([str(KVDRILL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

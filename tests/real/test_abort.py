@@ -14,8 +14,7 @@ from drills.digest import sha256_file
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
 
-# one xdist group: the module-scoped stack and drills run once, on one worker
-pytestmark = [pytest.mark.real, pytest.mark.xdist_group("abort")]
+pytestmark = pytest.mark.real
 
 FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"
 

@@ -8,11 +8,10 @@ network namespace, no shared-memory segment named after its processes.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
+from .conftest import ARTIFACTS, REPO, assert_nothing_left, run_kvdrill, started_pids
 
 pytestmark = pytest.mark.real
 
@@ -41,14 +40,12 @@ def _events(run_dir, type_):
             yield event
 
 
-# each scenario its own xdist group: `make test` spreads them over two workers
-@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.xdist_group(s)) for s in SCENARIOS])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario_reaches_its_declared_verdict(scenario):
     reports = ARTIFACTS / "catalogue"
     reports.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in reports.iterdir()}
-    proc = subprocess.run([str(KVDRILL), "run", str(REPO / "scenarios" / scenario), "--reports-dir", str(reports)],
-                          capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+    proc = run_kvdrill(["run", str(REPO / "scenarios" / scenario), "--reports-dir", str(reports)], timeout=1200)
     [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
     doc = json.loads((run_dir / "verdict.json").read_text())
     assert proc.returncode == 0, (f"{scenario}: {doc['verdict']} ({doc['reason']}); expectation: "

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from drills.observe.logs import ANSI
 
-from .conftest import ARTIFACTS, KVDRILL, REPO, assert_nothing_left, started_pids
+from .conftest import ARTIFACTS, REPO, assert_nothing_left, run_kvdrill, started_pids
 
-# one xdist group: the module-scoped stack and drills run once, on one worker
-pytestmark = [pytest.mark.real, pytest.mark.xdist_group("flagship")]
+pytestmark = pytest.mark.real
 
 
 FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"
@@ -24,8 +22,7 @@ def run_drill(scenario, name):
     reports = ARTIFACTS / name
     reports.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in reports.iterdir()}
-    proc = subprocess.run([str(KVDRILL), "run", str(scenario), "--reports-dir", str(reports)],
-                          capture_output=True, text=True, timeout=1500, stdin=subprocess.DEVNULL)
+    proc = run_kvdrill(["run", str(scenario), "--reports-dir", str(reports)], timeout=1500)
     [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
     return proc, run_dir, json.loads((run_dir / "verdict.json").read_text())
 

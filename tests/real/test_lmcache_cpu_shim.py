@@ -14,8 +14,7 @@ import pytest
 from drills.pins import stack_python
 from drills.stack.mooncake import SHIM_DIR
 
-# one xdist group: the module-scoped stack and drills run once, on one worker
-pytestmark = [pytest.mark.real, pytest.mark.xdist_group("cpu-shim")]
+pytestmark = pytest.mark.real
 
 SCRIPT = textwrap.dedent("""
     import sys

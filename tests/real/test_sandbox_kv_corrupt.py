@@ -22,8 +22,7 @@ from injectors.kv_corrupt import KvCorrupt, KvCorruptParams
 
 from .conftest import ARTIFACTS, KVDRILL, assert_nothing_left
 
-# one xdist group: the module-scoped stack and drills run once, on one worker
-pytestmark = [pytest.mark.real, pytest.mark.xdist_group("sandbox-kv-corrupt")]
+pytestmark = pytest.mark.real
 
 
 # SmolLM2-135M, fp32: 30 layers x (K+V) x 3 KV heads x 64 x 256 tokens x 4 bytes
