@@ -222,6 +222,33 @@ class ProcessDriver:
                             ready_s=round(svc.ready_s, 2))
         log.info("service healthy", service=svc.spec.name, ready_s=round(svc.ready_s, 1))
 
+    async def start_all(self, specs: dict[str, ServiceSpec], http: httpx.AsyncClient, source: Path) -> None:
+        """Start every service as soon as the services it depends on are healthy (so an engine does not
+        wait for an unrelated baseline); if one fails, the TaskGroup cancels the rest and the caller
+        stops them. ``source`` names the compose file in errors."""
+        unknown = {d for s in specs.values() for d in s.depends_on} - set(specs)
+        if unknown:
+            raise StackError(f"depends_on names unknown services {sorted(unknown)} in {source}")
+        healthy = {name: asyncio.Event() for name in specs}
+
+        async def bring_up(spec: ServiceSpec) -> None:
+            for dep in spec.depends_on:
+                await healthy[dep].wait()
+            await self.wait_healthy(self.start(spec), http)
+            healthy[spec.name].set()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for spec in specs.values():
+                    group.create_task(bring_up(spec))
+        except* StackError as failed:
+            raise failed.exceptions[0] from None
+
+    async def restart(self, spec: ServiceSpec, http: httpx.AsyncClient, sig: int = signal.SIGTERM,
+                      grace: float = 30.0) -> None:
+        await self.stop(spec.name, sig=sig, grace=grace)
+        await self.wait_healthy(self.start(spec), http)
+
     async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         svc = self.services.get(name)
         if svc is None:

@@ -192,29 +192,10 @@ class SandboxStack:
         wait for the baseline); if any fails, the TaskGroup cancels the rest and the caller stops them."""
         if not self.specs:
             self.prepare()
-        unknown = {d for s in self.specs.values() for d in s.depends_on} - set(self.specs)
-        if unknown:
-            raise StackError(f"depends_on names unknown services {sorted(unknown)} in {COMPOSE_FILE}")
-        healthy = {name: asyncio.Event() for name in self.specs}
-
-        async def bring_up(spec: ServiceSpec) -> None:
-            for dep in spec.depends_on:
-                await healthy[dep].wait()
-            svc = self.driver.start(spec)
-            await self.driver.wait_healthy(svc, self.http)
-            healthy[spec.name].set()
-
-        try:
-            async with asyncio.TaskGroup() as group:
-                for spec in self.specs.values():
-                    group.create_task(bring_up(spec))
-        except* StackError as failed:
-            raise failed.exceptions[0] from None
+        await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
     async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        await self.driver.stop(name, sig=sig, grace=grace)
-        svc = self.driver.start(self.specs[name])
-        await self.driver.wait_healthy(svc, self.http)
+        await self.driver.restart(self.specs[name], self.http, sig=sig, grace=grace)
 
     async def down(self) -> None:
         await self.driver.stop_all()
