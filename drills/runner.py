@@ -113,7 +113,10 @@ class Runner:
         results: list[CheckResult] = []
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        # SIGINT too, explicitly: a process started in the background by a non-interactive shell (a CI
+        # job, `make test &`) inherits SIGINT as ignored, and Ctrl-C or `kill -INT` would then do nothing
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
         # trust_env off: every target is local (loopback or the run's namespace), never via a proxy
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             try:
@@ -130,7 +133,8 @@ class Runner:
             finally:
                 await self._always_heal()
                 await self._down()
-                loop.remove_signal_handler(signal.SIGTERM)
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
         return self._finish(verdict, reason, results)
 
     # --- phases --------------------------------------------------------------------------------------
