@@ -21,6 +21,7 @@ APC_HIT, APC_Q = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_tota
 PROMPT = "vllm:prompt_tokens_total"
 LOG_RETRIEVED = "kvdrill_engine_log_lmcache_retrieved_tokens_total"
 LOG_LOOKUP = "kvdrill_engine_log_lmcache_lookup_hit_tokens_total"
+LOG_LOOKED_UP = "kvdrill_engine_log_lmcache_lookup_tokens_total"
 EXTERNAL_SOURCE = ("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
 
 
@@ -43,9 +44,11 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     source, claimed = "lmcache_server", None
     if not any(k.startswith(LMC_REQ) for k in la) and any(k.startswith(LOG_RETRIEVED) for k in la):
         # LMCache in-process (sandbox-mooncake): tokens LMCache's log says it really retrieved, over the
-        # prompt tokens vLLM processed; the lookup's claim is kept beside it (it also counts failed loads)
+        # tokens it was asked to look up (failed requests included, which vLLM's prompt counter leaves
+        # out); the lookup's claim is kept beside it (it also counts failed loads)
         d[LMC_HIT] = total(la, LOG_RETRIEVED) - total(lb, LOG_RETRIEVED)
-        d[LMC_REQ] = d[PROMPT]
+        looked_up = any(k.startswith(LOG_LOOKED_UP) for k in la)  # journals before it existed: vLLM's count
+        d[LMC_REQ] = total(la, LOG_LOOKED_UP) - total(lb, LOG_LOOKED_UP) if looked_up else d[PROMPT]
         claimed = total(la, LOG_LOOKUP) - total(lb, LOG_LOOKUP)
         source = "engine_log_retrieved_tokens"
     return {

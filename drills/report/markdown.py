@@ -16,6 +16,8 @@ def headline(doc: dict[str, Any]) -> str:
         line = f"{verdict}: {doc['reason']}"
     elif rate is not None and wrong:
         line = f"{verdict}: hit rate {rate:.0%} but {wrong}/{total} responses wrong"
+    elif rate is not None and m.get("chaos_failed_requests"):
+        line = f"{verdict}: hit rate {rate:.0%}, {m['chaos_failed_requests']}/{total} requests failed"
     elif rate is not None:
         line = f"{verdict}: hit rate {rate:.0%}, {total - (wrong or 0) if total else 0}/{total or 0} responses correct"
     elif doc["verdict"] == "fail":

@@ -37,7 +37,11 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
         "metrics": {
             "hit_rate_tokens": chaos.get("hit_rate_tokens"),
             "chaos_responses": wrong.get("responses"),
-            "chaos_wrong_responses": wrong.get("wrong"),
+            # wrong = answered with other tokens; failed = no answer (liveness says why)
+            "chaos_wrong_responses": sum(1 for e in (correctness.evidence if correctness else [])
+                                         if e.get("phase") == "chaos" and "first_diff_token" in e),
+            "chaos_failed_requests": sum(1 for e in (correctness.evidence if correctness else [])
+                                         if e.get("phase") == "chaos" and e.get("reason") == "request failed"),
             "per_phase": {p: {k: v for k, v in r.items() if k not in ("waves", "metric_refs")} for p, r in rates.items()},
         },
         "faults": faults,

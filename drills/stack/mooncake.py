@@ -55,14 +55,15 @@ class MooncakeOptions:
 
 
 _RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens")
-_LOOKUP = re.compile(r"LMCache hit tokens: (\d+), need to load: (-?\d+)")
+_LOOKUP = re.compile(r"Total tokens (\d+), .*?LMCache hit tokens: (\d+), need to load: (-?\d+)")
 _STORED = re.compile(r"Stored (\d+) out of total (\d+) tokens")
 
 
 def engine_log_counters(path: Path) -> dict[str, int]:
     """Totals of in-process LMCache's per-request log lines (see cache_metrics_text for why)."""
     counts = {"kvdrill_engine_log_lmcache_retrieved_tokens": 0, "kvdrill_engine_log_lmcache_required_tokens": 0,
-              "kvdrill_engine_log_lmcache_lookup_hit_tokens": 0, "kvdrill_engine_log_lmcache_stored_tokens": 0}
+              "kvdrill_engine_log_lmcache_lookup_hit_tokens": 0, "kvdrill_engine_log_lmcache_lookup_tokens": 0,
+              "kvdrill_engine_log_lmcache_stored_tokens": 0}
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -71,7 +72,8 @@ def engine_log_counters(path: Path) -> dict[str, int]:
         counts["kvdrill_engine_log_lmcache_retrieved_tokens"] += int(m.group(1))
         counts["kvdrill_engine_log_lmcache_required_tokens"] += int(m.group(2))
     for m in _LOOKUP.finditer(text):
-        counts["kvdrill_engine_log_lmcache_lookup_hit_tokens"] += int(m.group(1))
+        counts["kvdrill_engine_log_lmcache_lookup_tokens"] += int(m.group(1))
+        counts["kvdrill_engine_log_lmcache_lookup_hit_tokens"] += int(m.group(2))
     for m in _STORED.finditer(text):
         counts["kvdrill_engine_log_lmcache_stored_tokens"] += int(m.group(1))
     return counts

@@ -40,10 +40,12 @@ def test_no_lookups(tmp_path):
 def test_in_process_lmcache_hit_rate_counts_retrieved_tokens_not_the_lookup_claim():
     from drills.checkers.hit_rate import window
     before = {"lmcache": {"kvdrill_engine_log_lmcache_retrieved_tokens_total": 0.0,
+                          "kvdrill_engine_log_lmcache_lookup_tokens_total": 0.0,
                           "kvdrill_engine_log_lmcache_lookup_hit_tokens_total": 0.0, "master_key_count": 6.0},
               "engine": {"vllm:prompt_tokens_total{engine=\"0\"}": 0.0}}
     # two requests: the lookup claimed 1024 tokens each, one load failed half-way and was recomputed
     after = {"lmcache": {"kvdrill_engine_log_lmcache_retrieved_tokens_total": 1536.0,
+                         "kvdrill_engine_log_lmcache_lookup_tokens_total": 2048.0,
                          "kvdrill_engine_log_lmcache_lookup_hit_tokens_total": 2048.0, "master_key_count": 6.0},
              "engine": {"vllm:prompt_tokens_total{engine=\"0\"}": 2048.0,
                         'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}': 2046.0}}

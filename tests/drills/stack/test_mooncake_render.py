@@ -85,5 +85,6 @@ def test_engine_log_counters_sum_lmcache_lines(tmp_path):
     assert c["kvdrill_engine_log_lmcache_retrieved_tokens"] == 512
     assert c["kvdrill_engine_log_lmcache_required_tokens"] == 1024
     assert c["kvdrill_engine_log_lmcache_lookup_hit_tokens"] == 1024
+    assert c["kvdrill_engine_log_lmcache_lookup_tokens"] == 1024
     assert c["kvdrill_engine_log_lmcache_stored_tokens"] == 768
     assert engine_log_counters(tmp_path / "missing.log")["kvdrill_engine_log_lmcache_retrieved_tokens"] == 0
