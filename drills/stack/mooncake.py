@@ -229,7 +229,10 @@ class MooncakeStack:
         external_kv_transfer for tokens that were rescheduled and recomputed). LMCache's "Retrieved N
         out of M required tokens" line is the truthful count, so it becomes a counter; the lookup's
         claim ("LMCache hit tokens") sits beside it. The log spans engine restarts, so these never reset."""
-        master = await self.metrics_text("mooncake-master")
+        try:
+            master = await self.metrics_text("mooncake-master")
+        except httpx.HTTPError:
+            master = ""  # a killed or frozen master: the engine's own counters still count
         counts = engine_log_counters(self.log_path("engine"))
         lines = [f"# TYPE {name} counter\n{name}_total {value}" for name, value in counts.items()]
         return master + "\n" + "\n".join(lines) + "\n"
