@@ -35,7 +35,7 @@ UPGRADED = ("engine", "baseline")
 class ModelParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seed: int = Field(1, ge=0, description="seed of v2's weight noise")
-    scale: float = Field(0.05, gt=0, le=1, description="noise per tensor, as a fraction of the tensor's std")
+    scale: float = Field(0.3, gt=0, le=1, description="noise per tensor, as a fraction of the tensor's std")
     served_path: Literal["same", "new"] = Field(
         "same", description="same: weights swapped under the same model path (in-place upgrade); new: v2 "
                             "served from a new path, as when the revision is in the model name")
