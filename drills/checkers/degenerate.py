@@ -31,7 +31,7 @@ def check(view: RunView, opts: DegenerateCheck) -> CheckResult:
         finish[phase] = dict(Counter(str(e.data.get("finish_reason")) for e in responses))
         for e in responses:
             mine = flags(e.data.get("text", ""), e.data.get("token_ids", []), e.data.get("finish_reason"), opts.zero_run)
-            ref = oracle.get(e.data["prompt_id"])
+            ref = view.oracle_for(e)  # a model upgrade's own baseline while it holds
             theirs = flags(ref.data.get("text", ""), ref.data.get("token_ids", []), ref.data.get("finish_reason"),
                            opts.zero_run) if ref else []
             new = [f for f in mine if f not in theirs]
