@@ -34,6 +34,8 @@ class ProcessParams(BaseModel):
     freeze_for: Duration | None = Field(None, description="stop only: thaw after this long instead of at heal")
     restart_signal: Literal["term", "kill"] = Field("term", description="restart only: how the old group stops")
     grace: Duration = Field(30.0, description="term/restart: wait this long for the group to exit")
+    escalate: bool = Field(True, description="term: SIGKILL what is left after grace, as docker stop and the "
+                                            "kubelet do; the escalation is recorded in the proof")
 
 
 def process_states(pids: set[int]) -> dict[int, str]:
@@ -124,15 +126,26 @@ class ProcessFault(Injector):
                          [{"old_pgid": self.target["pgid"], "new_pid": svc.pid, "landing": self.landing}])
         pgid = self.target["pgid"]
         if action in ("term", "kill"):
-            deadline = time.monotonic() + (self.p.grace if action == "term" else 10.0)
-            while group_members(pgid) and time.monotonic() < deadline:
-                self._service().popen.poll()
-                await asyncio.sleep(0.05)
-            left = group_members(pgid)
+            left = await self._wait_gone(pgid, self.p.grace if action == "term" else 10.0)
+            escalated: list[int] = []
+            if left and action == "term" and self.p.escalate:
+                # vLLM with LMCache in-process sometimes hangs in shutdown (seen in CI with Mooncake); an
+                # operator's SIGTERM is followed by SIGKILL, so the drill does the same and says so
+                escalated = sorted(left)
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.ctx.journal.append("fault.escalated", fault_id=self.ctx.fault_id, pgid=pgid,
+                                        signal="SIGKILL", after_s=self.p.grace, pids=escalated)
+                left = await self._wait_gone(pgid, 10.0)
             gone_s = time.time() - (self.injected_at or time.time())
+            how = f"SIG{action.upper()}" + (f" (did not exit within {self.p.grace:g}s: SIGKILL to "
+                                            f"{len(escalated)} pids)" if escalated else "")
             return Proof(not left, f"{self.p.service} group {pgid} " + (
-                f"gone {gone_s:.2f}s after SIG{action.upper()}" if not left else f"still has pids {sorted(left)}"),
-                [{"pgid": pgid, "left": sorted(left), "gone_after_s": round(gone_s, 3), "landing": self.landing}])
+                f"gone {gone_s:.2f}s after {how}" if not left else f"still has pids {sorted(left)} after {how}"),
+                [{"pgid": pgid, "left": sorted(left), "gone_after_s": round(gone_s, 3), "landing": self.landing,
+                  "escalated_pids": escalated}])
         members = set(self.target["members"]) | group_members(pgid)
         await asyncio.sleep(0.05)
         states = process_states(members)
@@ -143,6 +156,13 @@ class ProcessFault(Injector):
             ok = bool(states) and all(s != "T" for s in states.values())
             summary = f"{self.p.service}: {sum(s != 'T' for s in states.values())}/{len(states)} processes running"
         return Proof(ok, summary, [{"pgid": pgid, "states": states, "landing": self.landing}])
+
+    async def _wait_gone(self, pgid: int, within: float) -> set[int]:
+        deadline = time.monotonic() + within
+        while group_members(pgid) and time.monotonic() < deadline:
+            self._service().popen.poll()  # reap the leader, or it lingers as a zombie member
+            await asyncio.sleep(0.05)
+        return group_members(pgid)
 
     async def heal(self) -> HealReport:
         report = HealReport()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,9 +23,10 @@ from ruamel.yaml import YAML
 
 from drills.journal import Journal
 from drills.observe import prom
-from drills.pins import REPO_ROOT, load_pins, model_dir, stack_python, stack_venv
+from drills.pins import REPO_ROOT, stack_python, stack_venv
+from drills.stack.base import ProcessStack
 from drills.stack.netns import NetNamespace
-from drills.stack.process import ProcessDriver, ServiceSpec, StackError
+from drills.stack.process import StackError
 from drills.stack.sandbox import SERVED_MODEL, free_port, render_services
 from drills.triggers import StoreProbe
 
@@ -79,17 +79,13 @@ def engine_log_counters(path: Path) -> dict[str, int]:
     return counts
 
 
-class MooncakeStack:
+class MooncakeStack(ProcessStack):
+    ref = "sandbox-mooncake"
+
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        super().__init__(run_dir, journal, http)
         self.options = options
-        self.run_dir = run_dir.resolve()
-        self.journal = journal
-        self.http = http
-        self.pins = load_pins()
-        self.model_dir = model_dir(self.pins)
         self.ports = {**NETNS_PORTS, "baseline": free_port()}
-        self.driver = ProcessDriver(self.run_dir / "logs", journal)
-        self.specs: dict[str, ServiceSpec] = {}
         self.netns: NetNamespace | None = None
         self.netns_created = False
         self.lmcache_config = self.run_dir / "stack" / "lmcache.yaml"
@@ -177,9 +173,6 @@ class MooncakeStack:
         self.create_netns()
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
-    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        await self.driver.restart(self.specs[name], self.http, sig=sig, grace=grace)
-
     async def down(self) -> None:
         """Stop every process (dependents first), then delete the namespace; safe to call twice."""
         try:
@@ -189,13 +182,6 @@ class MooncakeStack:
                 done = self.netns.delete()
                 self.netns_created = False
                 self.journal.append("netns.deleted", name=self.netns.name, **done)
-
-    def pid(self, name: str) -> int | None:
-        svc = self.driver.services.get(name)
-        return svc.pid if svc else None
-
-    def log_path(self, name: str) -> Path:
-        return self.driver.log_dir / f"{name}.log"
 
     # --- endpoints ---------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -26,9 +25,10 @@ from ruamel.yaml import YAML
 from drills.durations import parse_duration
 from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
-from drills.pins import REPO_ROOT, cache_home, load_pins, model_dir, stack_python, stack_venv
+from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
 from drills.scenario import StackSpec
-from drills.stack.process import ProcessDriver, ServiceSpec, StackError
+from drills.stack.base import ProcessStack
+from drills.stack.process import ServiceSpec, StackError
 from drills.triggers import StoreProbe
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox" / "stack.yaml"
@@ -107,18 +107,15 @@ class ChunkFile:
     path: Path | None
 
 
-class SandboxStack:
+class SandboxStack(ProcessStack):
+    ref = "sandbox"
+    cache_log = "lmcache.log"
+
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        super().__init__(run_dir, journal, http)
         self.options = options
-        self.run_dir = run_dir.resolve()
-        self.journal = journal
-        self.http = http
-        self.pins = load_pins()
-        self.model_dir = model_dir(self.pins)
         self.l2_dir = self.run_dir / "stack" / "l2"
         self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline")}
-        self.driver = ProcessDriver(run_dir / "logs", journal)
-        self.specs: dict[str, ServiceSpec] = {}
 
     @classmethod
     def attach(cls, state: dict[str, Any], journal: Journal, http: httpx.AsyncClient) -> SandboxStack:
@@ -194,16 +191,9 @@ class SandboxStack:
             self.prepare()
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
-    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        await self.driver.restart(self.specs[name], self.http, sig=sig, grace=grace)
-
     async def down(self) -> None:
         await self.driver.stop_all()
         remove_served(self.run_dir)
-
-    def pid(self, name: str) -> int | None:
-        svc = self.driver.services.get(name)
-        return svc.pid if svc else None
 
     # --- endpoints ---------------------------------------------------------------------------------
 
@@ -213,8 +203,6 @@ class SandboxStack:
         return f"http://127.0.0.1:{port}"
 
     # --- what the runner asks of every stack ---------------------------------------------------------
-
-    cache_log = "lmcache.log"  # where the cache's own log lines (Stored/Retrieved) land
 
     def store_probe(self) -> StoreProbe:
         return StoreProbe(l2_dir=self.l2_dir, status=self.lmcache_status)

@@ -102,3 +102,27 @@ async def test_a_service_kvdrill_did_not_start_is_refused(stack, tmp_path):
     st, journal = stack
     with pytest.raises(InjectionError, match="services kvdrill started: svc"):
         await injector(st, journal, tmp_path, service="sshd", action="kill").plan()
+
+
+async def test_term_escalates_to_sigkill_when_the_group_ignores_sigterm(stack, tmp_path):
+    # the tiny service ignores SIGTERM, as a vLLM stuck in shutdown does
+    st, journal = stack
+    old = st.driver.services["svc"].pid
+    inj = injector(st, journal, tmp_path, service="svc", action="term", grace=0.5)
+    await inj.plan()
+    await inj.inject()
+    proof = await inj.verify()
+    assert proof.effective and not group_members(old)
+    assert "did not exit within 0.5s" in proof.summary and proof.details[0]["escalated_pids"]
+    assert [e.data["signal"] for e in read_history(journal.path).of_type("fault.escalated")] == ["SIGKILL"]
+    await inj.heal()
+
+
+async def test_term_without_escalation_is_not_proven_when_the_group_stays(stack, tmp_path):
+    st, journal = stack
+    inj = injector(st, journal, tmp_path, service="svc", action="term", grace=0.3, escalate=False)
+    await inj.plan()
+    await inj.inject()
+    proof = await inj.verify()
+    assert not proof.effective and "still has pids" in proof.summary
+    await inj.heal()
