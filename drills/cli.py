@@ -86,6 +86,37 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
     raise typer.Exit(outcome.exit_code)
 
 
+@app.command()
+def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or directories (searched recursively)"),
+          reports_dir: Path = REPORTS,
+          junit: Path | None = typer.Option(None, "--junit", help="also write the aggregate junit.xml here"),
+          fail_fast: bool = typer.Option(False, "--fail-fast", help="stop after the first drill that does not exit 0"),
+          ) -> None:
+    """Run every scenario as one gate, reusing a stack between drills where they allow it; writes
+    index.md and junit.xml. Exit status: the worst drill's (see `kvdrill run`)."""
+    from drills.suite import collect, load_all, run_suite
+
+    files = collect(paths)
+    if not files:
+        typer.echo(f"no scenario files (*.yaml) under {', '.join(map(str, paths))}", err=True)
+        raise typer.Exit(2)
+    entries, invalid = load_all(files)
+    if invalid:
+        for text in invalid:
+            typer.echo(f"invalid scenario\n{text}", err=True)
+        typer.echo(f"{len(invalid)} of {len(files)} scenarios are invalid: nothing was run", err=True)
+        raise typer.Exit(2)
+    outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err))
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text((outcome.suite_dir / "junit.xml").read_text())
+    for e in outcome.entries:
+        held = "" if e.exit_code is None else ("ok" if e.exit_code == 0 else "NOT AS EXPECTED")
+        typer.echo(f"{e.verdict.upper():>8} {held:>15}  {e.path}  ({e.stack or 'not run'})")
+    typer.echo(f"index: {outcome.suite_dir / 'index.md'}")
+    raise typer.Exit(outcome.exit_code)
+
+
 @sandbox_app.command("up")
 def sandbox_up(reports_dir: Path = REPORTS) -> None:
     """Start the sandbox stack and leave it running (state in REPORTS/sandbox.json)."""

@@ -37,7 +37,9 @@ from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
 from drills.scenario import Action, LoadedScenario, StackSpec
+from drills.stack.base import ProcessStack
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
+from drills.stack.pool import StackPool
 from drills.stack.process import StackError, log_tail
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
@@ -87,7 +89,7 @@ def new_run_id(name: str) -> str:
 
 class Runner:
     def __init__(self, loaded: LoadedScenario, reports_dir: Path, *, keep: bool = False,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, pool: StackPool | None = None) -> None:
         self.loaded = loaded
         self.scenario = loaded.scenario
         self.run_id = new_run_id(self.scenario.name)
@@ -97,7 +99,10 @@ class Runner:
         self.journal = Journal(self.run_dir)
         self.log = _configure_logging(self.run_dir)
         self.injectors: list[Injector] = []
-        self.stack: SandboxStack | None = None
+        self.stack: ProcessStack | None = None
+        self.pool = pool  # a suite's: the stack may come from the previous drill and outlive this one
+        self.reused_from: list[str] = []
+        self.reusable = False  # set once the drill completed, healed and drained
         self.prompts: PromptSet | None = None
         self.fresh: PromptSet | None = None
         self._sampler: asyncio.Task | None = None
@@ -112,11 +117,9 @@ class Runner:
         verdict, reason = "error", ""
         results: list[CheckResult] = []
         loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        # SIGINT too, explicitly: a process started in the background by a non-interactive shell (a CI
-        # job, `make test &`) inherits SIGINT as ignored, and Ctrl-C or `kill -INT` would then do nothing
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+        own_signals = self.pool is None  # a suite handles them for all its drills, between drills too
+        if own_signals:
+            install_interrupt_handlers(loop, asyncio.current_task())
         # trust_env off: every target is local (loopback or the run's namespace), never via a proxy
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             try:
@@ -133,8 +136,9 @@ class Runner:
             finally:
                 await self._always_heal()
                 await self._down()
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                if own_signals:
+                    for sig in (signal.SIGTERM, signal.SIGINT):
+                        loop.remove_signal_handler(sig)
         return self._finish(verdict, reason, results)
 
     # --- phases --------------------------------------------------------------------------------------
@@ -142,18 +146,24 @@ class Runner:
     async def _drill(self, http: httpx.AsyncClient) -> None:
         sc = self.scenario
         with self._phase("preflight", "checking the stack install, memory and versions"):
-            available = shm.meminfo("MemAvailable")
-            if available < MIN_AVAILABLE_BYTES:
-                raise DrillError(f"only {available / 2**30:.1f} GiB of memory available; the sandbox needs "
-                                 f"{MIN_AVAILABLE_BYTES / 2**30:.0f} GiB (stop other stacks, e.g. `kvdrill sandbox down`)")
-            self.stack = make_stack(sc.stack, self.run_dir, self.journal, http)
-            self.stack.prepare()
+            self.stack = await self._acquire_stack(http)
+            if not self.reused_from:
+                available = shm.meminfo("MemAvailable")
+                if available < MIN_AVAILABLE_BYTES:
+                    raise DrillError(f"only {available / 2**30:.1f} GiB of memory available; the sandbox needs "
+                                     f"{MIN_AVAILABLE_BYTES / 2**30:.0f} GiB (stop other stacks, e.g. "
+                                     "`kvdrill sandbox down`)")
+                self.stack.prepare()
             manifest = versions_manifest(sc.stack, self.stack.model_dir)
             self.journal.append("versions", **manifest)
             self._observe_shm()
 
-        with self._phase("up", "starting LMCache server, vLLM engine and baseline vLLM"):
-            await self.stack.up()
+        if self.reused_from:
+            with self._phase("up", f"reusing the running stack of {self.reused_from[-1]}"):
+                pass
+        else:
+            with self._phase("up", "starting LMCache server, vLLM engine and baseline vLLM"):
+                await self.stack.up()
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
 
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http)
@@ -175,8 +185,9 @@ class Runner:
                 raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
 
         with self._phase("warm", "cold write: populating LMCache L1 and the fs L2"):
+            mark = await self.stack.store_mark()
             await self._traffic(engine, waves=1)
-            await self._wait_for_stores()
+            await self._wait_for_stores(mark)
 
         with self._phase("steady", "steady-state hypothesis: correct answers before chaos"):
             await self._traffic(engine, waves=sc.workload.repeats)
@@ -210,7 +221,7 @@ class Runner:
                         break
 
         with self._phase("drain", "waiting for locks, stores, sessions and workers to return to pre-chaos values"):
-            await self._drain()
+            self.reusable = await self._drain()
 
     async def _plan(self, i: int, fault, params) -> Injector:
         """Build and plan a fault; a triggered one is planned before it is armed, so when its condition
@@ -340,7 +351,7 @@ class Runner:
                                     returncode=svc.popen.returncode, log=f"logs/{svc.log_path.name}",
                                     log_tail=log_tail(svc.log_path, 20).splitlines())
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> bool:
         """Wait until the sampled counts are back to their pre-chaos values, or the drain deadline."""
         opts, lm = self.scenario.checks.leaks, self.scenario.stack.lmcache
         deadline_s = opts.drain_deadline or max(lm.l1_read_ttl, lm.worker_reap_timeout) + 15.0
@@ -355,6 +366,7 @@ class Runner:
             await asyncio.sleep(1.0)
         self.journal.append("drain.result", returned=not above, still_above=above, deadline_s=deadline_s,
                             waited_s=round(time.monotonic() - started, 1))
+        return not above
 
     def journal_events(self, type_: str):
         return read_history(self.journal.path).of_type(type_)
@@ -370,8 +382,8 @@ class Runner:
                 result = await handlers[action]()
             self.journal.append("action", action=action, result=result, took_s=round(time.monotonic() - started, 2))
 
-    async def _wait_for_stores(self) -> None:
-        stored = await self.stack.wait_for_stores([p.token_ids for p in self.prompts], STORE_DRAIN_DEADLINE)
+    async def _wait_for_stores(self, mark: Any) -> None:
+        stored = await self.stack.wait_for_stores([p.token_ids for p in self.prompts], STORE_DRAIN_DEADLINE, mark)
         self.journal.append("warm.stored", **stored)
 
     # --- always --------------------------------------------------------------------------------------
@@ -392,12 +404,21 @@ class Runner:
         try:
             await asyncio.shield(self._heal_all())
         except Exception as exc:
+            self.reusable = False
             self.journal.append("fault.heal_failed", error=f"{type(exc).__name__}: {exc}")
             self.console.print(f"[red]heal failed: {exc}; run `kvdrill rollback {self.run_dir}`[/]")
 
     async def _down(self) -> None:
         if self.stack is None:
             return
+        if self.pool is not None:
+            if self.reusable and self.scenario.stack.reuse:
+                self.pool.keep(self.scenario.stack, self.stack, self.scenario.seed, self.run_id)
+                self.journal.append("stack.left_running", stack_dir=str(self.stack.run_dir),
+                                    services=self.stack.services_now(),
+                                    reason="completed, healed and drained: the next drill of the suite may reuse it")
+                return
+            self.pool.forget(self.stack)
         if self.keep:
             self.journal.append("stack.kept", services={n: s.pid for n, s in self.stack.driver.services.items()})
             return
@@ -405,6 +426,36 @@ class Runner:
         self._observe_shm()
         await asyncio.shield(self.stack.down())
         self._observe_shm()
+
+    async def _acquire_stack(self, http: httpx.AsyncClient) -> ProcessStack:
+        """This run's own stack, or in a suite the one the previous drill left if the pool allows it."""
+        sc = self.scenario
+        if self.pool is None:
+            return make_stack(sc.stack, self.run_dir, self.journal, http)
+        live, why = self.pool.offer(sc.stack, sc.seed)
+        if live is not None:
+            live.stack.bind(self.journal, http)
+            problems = await live.stack.unhealthy()
+            if not problems:
+                self.reused_from = list(live.runs)
+                self.journal.append("stack.reused", stack_dir=str(live.home), from_runs=live.runs, reason=why,
+                                    services=live.stack.services_now())
+                self._link_stack(live.home)
+                return live.stack
+            why = f"the running stack is unhealthy ({problems})"
+        await self.pool.retire(f"{self.run_id} cannot use it: {why}", http)
+        home = self.pool.new_home()
+        self.journal.append("stack.fresh", stack_dir=str(home), reason=why)
+        self._link_stack(home)
+        return make_stack(sc.stack, home, self.journal, http)
+
+    def _link_stack(self, home: Path) -> None:
+        """The run directory shows its stack's logs and files where a one-off run has them."""
+        for name in ("logs", "stack"):
+            (home / name).mkdir(parents=True, exist_ok=True)
+            link = self.run_dir / name
+            if not link.exists():
+                link.symlink_to(os.path.relpath(home / name, self.run_dir))
 
     def _observe_shm(self) -> None:
         snap = shm.snapshot()
@@ -455,6 +506,14 @@ class _Phase:
         r.journal.append("phase.finished", took_s=round(time.monotonic() - self.started, 2),
                          error=f"{exc_type.__name__}: {exc}" if exc_type else None)
         return False
+
+
+def install_interrupt_handlers(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    """SIGTERM and SIGINT cancel ``task``, which heals and stops what it started. SIGINT explicitly: a
+    process started in the background by a non-interactive shell (a CI job, `make test &`) inherits
+    SIGINT as ignored, and Ctrl-C or `kill -INT` would then do nothing."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
 
 
 def _spinner(console: Console, text: str):

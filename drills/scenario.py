@@ -81,6 +81,8 @@ class StackSpec(_Strict):
     lmcache: LMCacheOptions = LMCacheOptions()
     engine: EngineOptions = EngineOptions()
     mooncake: MooncakeSpec = MooncakeSpec()
+    reuse: bool = Field(True, description="in a suite, this drill may run on the stack a previous scenario with "
+                                          "the same stack spec left healthy and drained (false: always a fresh one)")
 
 
 class WorkloadSpec(_Strict):

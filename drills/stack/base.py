@@ -32,6 +32,14 @@ class ProcessStack:
         self.driver = ProcessDriver(self.run_dir / "logs", journal)
         self.specs: dict[str, ServiceSpec] = {}
 
+    async def down(self) -> None:
+        raise NotImplementedError
+
+    async def store_mark(self) -> Any:
+        """Whatever :meth:`wait_for_stores` needs to tell this drill's stores from earlier ones (a reused
+        stack already holds other drills' KV); None where the stores are checked chunk by chunk."""
+        return None
+
     def bind(self, journal: Journal, http: httpx.AsyncClient) -> None:
         """Report to another run from now on (a suite reusing this stack)."""
         self.journal = journal

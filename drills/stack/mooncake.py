@@ -232,11 +232,16 @@ class MooncakeStack(ProcessStack):
     async def clear_l1(self) -> dict[str, Any]:
         return {"status": "skipped", "reason": "no LMCache L1 in this stack (local_cpu: False)"}
 
-    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float) -> dict[str, Any]:
-        """Warm is done when the master holds one key per distinct full chunk and stops growing.
+    async def store_mark(self) -> int:
+        return int(prom.total(await self.master_metrics(), "master_key_count"))
+
+    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
+        """Warm is done when the master holds one more key per distinct full chunk than at ``mark`` (the
+        count before warm traffic; a reused stack holds earlier drills' keys) and stops growing.
 
         LMCache's in-process keys hash with Python's hash(), so they are counted, not computed: a chunk
         is distinct when the token prefix that ends with it is."""
+        before = int(mark or 0)
         size = self.options.chunk_size
         distinct = {tuple(t[: (i + 1) * size]) for t in token_lists for i in range(len(t) // size)}
         deadline = time.monotonic() + deadline_s
@@ -245,14 +250,14 @@ class MooncakeStack(ProcessStack):
             keys = int(prom.total(await self.master_metrics(), "master_key_count"))
             if keys != last:
                 last, stable_since = keys, time.monotonic()
-            if keys >= len(distinct) and time.monotonic() - stable_since >= 1.0:
+            if keys - before >= len(distinct) and time.monotonic() - stable_since >= 1.0:
                 break
             if time.monotonic() > deadline:
                 raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: the Mooncake master holds {keys} "
-                                 f"keys, {len(distinct)} distinct chunks were sent")
+                                 f"keys ({before} before warm), {len(distinct)} distinct chunks were sent")
             await asyncio.sleep(0.5)
         metrics = await self.master_metrics()
-        return {"chunks": len(distinct), "mooncake_keys": keys,
+        return {"chunks": len(distinct), "mooncake_keys": keys, "mooncake_keys_before": before,
                 "mooncake_allocated_bytes": prom.total(metrics, "master_allocated_bytes"),
                 "segments": await self.segments()}
 

@@ -213,7 +213,7 @@ class SandboxStack(ProcessStack):
     async def leak_counts(self) -> dict[str, int | None]:
         return leak_counts(await self.lmcache_status())
 
-    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float) -> dict[str, Any]:
+    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
         """Warm is done when LMCache has no store in flight and every full chunk has its L2 file."""
         expected = [c for row in self.chunk_files(token_lists) for c in row]
         deadline = time.monotonic() + deadline_s

@@ -1,13 +1,14 @@
-"""Every scenario of the engine/store/model catalogue, run through `kvdrill run` on its real stack.
+"""Every scenario of the engine/store/model catalogue, run as one `kvdrill suite` on real stacks.
 
-Each must reach the verdict it declares (`expect:`, so `kvdrill run` exits 0), every fault must be
-proven in effect in the journal, and nothing the run started may be left: no process group, no
-network namespace, no shared-memory segment named after its processes.
+Each must reach the verdict it declares (`expect:`, so its drill exits 0), every fault must be proven in
+effect in the journal, the suite must reuse stacks where the pool allows, and nothing the suite started
+may be left: no process group, no network namespace, no shared-memory segment named after its processes.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,28 +34,53 @@ SCENARIOS = [
 ]
 
 
-def _events(run_dir, type_):
-    for line in (run_dir / "journal.jsonl").read_text().splitlines():
+def _events(journal_dir, type_):
+    for line in (journal_dir / "journal.jsonl").read_text().splitlines():
         event = json.loads(line)
         if event["type"] == type_:
             yield event
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario_reaches_its_declared_verdict(scenario):
+@pytest.fixture(scope="module")
+def catalogue():
+    """The whole catalogue as one `kvdrill suite`, the way a release gate runs it: stacks are reused
+    between drills where the pool allows, which is what keeps this under half an hour on two cores."""
     reports = ARTIFACTS / "catalogue"
     reports.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in reports.iterdir()}
-    proc = run_kvdrill(["run", str(REPO / "scenarios" / scenario), "--reports-dir", str(reports)], timeout=1200)
-    [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    junit = reports / "junit-latest.xml"
+    proc = run_kvdrill(["suite", *(str(REPO / "scenarios" / s) for s in SCENARIOS), "--reports-dir", str(reports),
+                        "--junit", str(junit)], timeout=3600)
+    [suite_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    runs = {Path(e["data"]["scenario"]).relative_to(REPO / "scenarios").as_posix(): suite_dir / e["data"]["run_id"]
+            for e in _events(suite_dir, "suite.run")}
+    return proc, suite_dir, runs
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_reaches_its_declared_verdict(catalogue, scenario):
+    proc, _, runs = catalogue
+    assert scenario in runs, f"{scenario} did not run\n{proc.stderr[-3000:]}"
+    run_dir = runs[scenario]
     doc = json.loads((run_dir / "verdict.json").read_text())
-    assert proc.returncode == 0, (f"{scenario}: {doc['verdict']} ({doc['reason']}); expectation: "
-                                  f"{doc['expectation']}\n{proc.stderr[-3000:]}")
+    assert doc["exit_code"] == 0, (f"{scenario}: {doc['verdict']} ({doc['reason']}); expectation: "
+                                   f"{doc['expectation']}\nreport: {run_dir / 'report.md'}")
     planned = list(_events(run_dir, "fault.planned"))
     verified = list(_events(run_dir, "fault.verified"))
     assert len(verified) == len(planned) and all(e["data"]["effective"] for e in verified)
     assert len(list(_events(run_dir, "fault.healed"))) == len(planned)
-    for created in _events(run_dir, "netns.created"):
-        deleted = [e for e in _events(run_dir, "netns.deleted") if e["data"]["name"] == created["data"]["name"]]
-        assert deleted and not deleted[0]["data"].get("processes_left_inside")
-    assert_nothing_left(started_pids(run_dir / "journal.jsonl"))
+    assert (run_dir / "logs" / "engine.log").is_file()  # a reused stack's logs are linked into every run
+
+
+def test_the_suite_reuses_stacks_and_leaves_nothing_behind(catalogue):
+    proc, suite_dir, runs = catalogue
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (suite_dir / "index.md").is_file() and (ARTIFACTS / "catalogue" / "junit-latest.xml").is_file()
+    fresh = [d for d in runs.values() if list(_events(d, "stack.fresh"))]
+    reused = [d for d in runs.values() if list(_events(d, "stack.reused"))]
+    assert len(fresh) + len(reused) == len(SCENARIOS) and len(reused) >= 4
+    journals = [suite_dir, *runs.values()]
+    created = {e["data"]["name"] for j in journals for e in _events(j, "netns.created")}
+    deleted = [e["data"] for j in journals for e in _events(j, "netns.deleted")]
+    assert created == {d["name"] for d in deleted} and not any(d.get("processes_left_inside") for d in deleted)
+    assert_nothing_left(set().union(*(started_pids(d / "journal.jsonl") for d in runs.values())))

@@ -1,0 +1,194 @@
+"""``kvdrill suite``: every scenario of a directory (or a list) as one release gate.
+
+Scenarios are validated before any stack starts, so a typo fails the gate in a second, not after an
+hour. They then run one at a time, grouped by stack spec (first appearance order) so each stack starts
+once per group; :mod:`drills.stack.pool` decides when a drill may run on the stack the previous one
+left. The suite writes ``index.md``, an aggregate ``junit.xml`` and its own journal; its exit status is
+the worst of its drills' (0 when every drill reached what it expects, 1 FAIL or expectation missed,
+2 ERROR, 3 ABORTED). ``--fail-fast`` stops after the first drill that did not exit 0; the rest are
+listed as not run, never as passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from drills.journal import Journal
+from drills.scenario import LoadedScenario, ScenarioError, load_scenario
+from drills.stack.pool import StackPool, stack_key
+
+SCENARIO_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass
+class SuiteEntry:
+    path: Path
+    loaded: LoadedScenario
+    run_id: str | None = None
+    run_dir: Path | None = None
+    verdict: str = "not run"
+    reason: str = ""
+    exit_code: int | None = None
+    expectation: dict[str, Any] | None = None
+    stack: str = ""  # "fresh" or "reused from <run>"
+    took_s: float = 0.0
+
+
+@dataclass
+class SuiteOutcome:
+    suite_dir: Path
+    entries: list[SuiteEntry] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C or SIGTERM between drills
+
+    @property
+    def exit_code(self) -> int:
+        if self.invalid:
+            return 2
+        if self.interrupted:
+            return 3
+        codes = [e.exit_code for e in self.entries if e.exit_code is not None]
+        return max(codes, default=0)
+
+
+def collect(paths: list[Path]) -> list[Path]:
+    """Scenario files named, or found under named directories (sorted, recursive)."""
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found += sorted(f for f in p.rglob("*") if f.suffix in SCENARIO_SUFFIXES and f.is_file())
+        else:
+            found.append(p)
+    seen: set[Path] = set()
+    return [f for f in found if not (f.resolve() in seen or seen.add(f.resolve()))]
+
+
+def load_all(files: list[Path]) -> tuple[list[SuiteEntry], list[str]]:
+    entries, invalid = [], []
+    for f in files:
+        try:
+            entries.append(SuiteEntry(path=f, loaded=load_scenario(f)))
+        except ScenarioError as exc:
+            invalid.append(exc.render())
+    return entries, invalid
+
+
+def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
+    """Group by stack spec in order of first appearance, keeping the given order inside a group."""
+    groups: dict[str, list[SuiteEntry]] = {}
+    for e in entries:
+        groups.setdefault(stack_key(e.loaded.scenario.stack), []).append(e)
+    return [e for group in groups.values() for e in group]
+
+
+async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: bool = False,
+                    console: Console | None = None) -> SuiteOutcome:
+    from drills.runner import Runner, install_interrupt_handlers  # heavy imports; keep `--help` light
+
+    console = console or Console(stderr=True)
+    loop = asyncio.get_running_loop()
+    install_interrupt_handlers(loop, asyncio.current_task())
+    suite_dir = (reports_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-suite-{uuid.uuid4().hex[:6]}").resolve()
+    journal = Journal(suite_dir)
+    outcome = SuiteOutcome(suite_dir=suite_dir, entries=order_for_reuse(entries))
+    journal.append("suite.started", scenarios=[str(e.path) for e in outcome.entries], fail_fast=fail_fast)
+    pool = StackPool(root=suite_dir, journal=journal)
+    try:
+        for n, entry in enumerate(outcome.entries, start=1):
+            console.print(f"[bold]suite {n}/{len(outcome.entries)}[/] {entry.path}")
+            runner = Runner(entry.loaded, suite_dir, console=console, pool=pool)
+            entry.run_id, entry.run_dir = runner.run_id, runner.run_dir
+            started = time.monotonic()
+            result = await runner.run()
+            entry.took_s = round(time.monotonic() - started, 1)
+            entry.verdict, entry.reason, entry.exit_code = result.verdict, result.reason, result.exit_code
+            entry.expectation = result.expectation
+            entry.stack = f"reused from {runner.reused_from[-1]}" if runner.reused_from else "fresh"
+            journal.append("suite.run", scenario=str(entry.path), run_id=entry.run_id, verdict=entry.verdict,
+                           exit_code=entry.exit_code, stack=entry.stack, took_s=entry.took_s)
+            console.print(f"  -> {entry.verdict.upper()} (exit {entry.exit_code}, {entry.took_s:.0f}s, "
+                          f"stack {entry.stack})")
+            if result.verdict == "aborted":
+                break  # Ctrl-C or SIGTERM: the operator stops the whole suite, not one drill
+            if fail_fast and result.exit_code != 0:
+                break
+    except asyncio.CancelledError:
+        outcome.interrupted = True
+        journal.append("suite.interrupted", note="Ctrl-C or SIGTERM between drills")
+    finally:
+        await asyncio.shield(pool.close())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        journal.append("suite.finished", exit_code=outcome.exit_code)
+        journal.close()
+        write_index(outcome)
+    return outcome
+
+
+def junit_xml(outcome: SuiteOutcome) -> str:
+    """One testcase per scenario; a drill's per-check detail stays in its own run's junit.xml."""
+    entries = outcome.entries
+    root = ET.Element("testsuites", name="kvdrill")
+    suite = ET.SubElement(root, "testsuite", name=f"kvdrill.suite.{outcome.suite_dir.name}", tests=str(len(entries)),
+                          failures=str(sum(e.exit_code == 1 for e in entries)),
+                          errors=str(sum(e.exit_code in (2, 3) for e in entries) + len(outcome.invalid)),
+                          skipped=str(sum(e.exit_code is None for e in entries)),
+                          time=f"{sum(e.took_s for e in entries):.1f}")
+    for text in outcome.invalid:
+        case = ET.SubElement(suite, "testcase", classname="kvdrill.validate", name=text.splitlines()[0][:200])
+        ET.SubElement(case, "error", message="invalid scenario").text = text
+    for e in entries:
+        case = ET.SubElement(suite, "testcase", classname=f"kvdrill.{e.path.parent.name}",
+                             name=e.loaded.scenario.name, time=f"{e.took_s:.1f}")
+        detail = f"{e.verdict}: {e.reason}\nexpectation: {json.dumps(e.expectation)}\nrun: {e.run_dir}"
+        if e.exit_code is None:
+            ET.SubElement(case, "skipped", message="not run (the suite stopped before it)")
+        elif e.exit_code == 1:
+            ET.SubElement(case, "failure", message=_expectation_line(e)[:500]).text = detail
+        elif e.exit_code != 0:
+            ET.SubElement(case, "error", message=f"{e.verdict}: {e.reason}"[:500]).text = detail
+        else:
+            ET.SubElement(case, "system-out").text = detail
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _expectation_line(e: SuiteEntry) -> str:
+    if e.expectation and e.expectation.get("problems"):
+        return "; ".join(e.expectation["problems"])
+    return f"{e.verdict}: {e.reason}"
+
+
+def index_markdown(outcome: SuiteOutcome) -> str:
+    ran = [e for e in outcome.entries if e.exit_code is not None]
+    lines = [f"# kvdrill suite {outcome.suite_dir.name}", "",
+             f"**exit {outcome.exit_code}** — {sum(e.exit_code == 0 for e in ran)} of {len(outcome.entries)} "
+             f"drills reached what they expect; {len(outcome.entries) - len(ran)} not run; "
+             f"stacks started: {sum(e.stack == 'fresh' for e in ran)} for {len(ran)} drills run.", ""]
+    if outcome.invalid:
+        lines += ["## Invalid scenarios (nothing ran)", ""] + [f"```\n{t}\n```" for t in outcome.invalid] + [""]
+    lines += ["| scenario | verdict | expected | exit | held | stack | took | report |",
+              "|---|---|---|---|---|---|---|---|"]
+    for e in outcome.entries:
+        expected = e.expectation["verdict"] if e.expectation else "—"
+        held = ("—" if e.exit_code is None else "yes" if e.exit_code == 0 else _expectation_line(e).replace("|", "/"))
+        report = f"[report]({e.run_dir.name}/report.md)" if e.run_dir and e.exit_code is not None else "—"
+        lines.append(f"| `{e.path}` | {e.verdict.upper()} | {expected} | {'' if e.exit_code is None else e.exit_code} "
+                     f"| {held} | {e.stack or '—'} | {e.took_s:.0f}s | {report} |")
+    lines += ["", "Suite journal: `journal.jsonl`; aggregate `junit.xml`.", ""]
+    return "\n".join(lines)
+
+
+def write_index(outcome: SuiteOutcome) -> None:
+    outcome.suite_dir.mkdir(parents=True, exist_ok=True)
+    (outcome.suite_dir / "index.md").write_text(index_markdown(outcome))
+    (outcome.suite_dir / "junit.xml").write_text(junit_xml(outcome))

@@ -1,0 +1,75 @@
+"""Suite logic without a stack: collection, validation before anything runs, ordering for reuse, and
+what index.md and junit.xml say about drills that ran, failed, errored or never ran."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from drills.cli import app
+from drills.suite import SuiteEntry, SuiteOutcome, collect, index_markdown, junit_xml, load_all, order_for_reuse
+
+BASE = "workload: {prompts: 2}\nchaos: {faults: []}\n"
+
+
+def scenario(tmp_path: Path, name: str, stack: str = "", seed: int = 1) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nseed: {seed}\n" + (f"stack: {stack}\n" if stack else "") + BASE)
+    return path
+
+
+def test_collect_walks_directories_sorted_and_drops_duplicates(tmp_path):
+    (tmp_path / "b").mkdir()
+    a, b = scenario(tmp_path, "a"), scenario(tmp_path / "b", "c")
+    (tmp_path / "README.md").write_text("not a scenario")
+    assert collect([tmp_path, a]) == [a, b]
+
+
+def test_order_groups_by_stack_spec_in_first_appearance_order(tmp_path):
+    files = [scenario(tmp_path, "m1", "{ref: sandbox-mooncake}"), scenario(tmp_path, "s1"),
+             scenario(tmp_path, "m2", "{ref: sandbox-mooncake}"), scenario(tmp_path, "s2", "{reuse: false}")]
+    entries, invalid = load_all(files)
+    assert not invalid
+    assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["m1", "m2", "s1", "s2"]
+
+
+def test_an_invalid_scenario_stops_the_suite_before_anything_runs(tmp_path):
+    scenario(tmp_path, "good")
+    (tmp_path / "bad.yaml").write_text("name: bad\nseed: 1\nworkload: {promts: 2}\n")
+    result = CliRunner().invoke(app, ["suite", str(tmp_path), "--reports-dir", str(tmp_path / "reports")])
+    assert result.exit_code == 2
+    assert "bad.yaml" in result.output and "promts" in result.output and "nothing was run" in result.output
+    assert not (tmp_path / "reports").exists()
+
+
+def _entry(tmp_path, name, verdict, code, problems=()):
+    [entry], _ = load_all([scenario(tmp_path, name)])
+    entry.verdict, entry.exit_code, entry.reason = verdict, code, f"{name} reason"
+    entry.run_dir = tmp_path / f"run-{name}" if code is not None else None
+    entry.expectation = {"verdict": "pass", "problems": list(problems)} if code is not None else None
+    entry.stack, entry.took_s = ("fresh" if code is not None else ""), 12.0
+    return entry
+
+
+def test_exit_junit_and_index_follow_the_worst_drill(tmp_path):
+    entries = [_entry(tmp_path, "ok", "pass", 0), _entry(tmp_path, "missed", "fail", 1, ["verdict fail, expected pass"]),
+               _entry(tmp_path, "broke", "error", 2), _entry(tmp_path, "later", "not run", None)]
+    outcome = SuiteOutcome(suite_dir=tmp_path / "suite", entries=entries)
+    assert outcome.exit_code == 2
+    suite = ET.fromstring(junit_xml(outcome)).find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("4", "1", "1", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["missed"].find("failure").get("message") == "verdict fail, expected pass"
+    assert cases["broke"].find("error") is not None and cases["later"].find("skipped") is not None
+    index = index_markdown(outcome)
+    assert "1 of 4 drills reached what they expect; 1 not run" in index
+    assert "[report](run-ok/report.md)" in index and "| NOT RUN |" in index
+
+
+def test_a_suite_where_everything_held_exits_zero(tmp_path):
+    outcome = SuiteOutcome(suite_dir=tmp_path, entries=[_entry(tmp_path, "ok", "fail", 0)])
+    assert outcome.exit_code == 0
+    stopped = SuiteOutcome(suite_dir=tmp_path, entries=[SuiteEntry(path=Path("x"), loaded=None)], interrupted=True)
+    assert stopped.exit_code == 3
