@@ -43,7 +43,7 @@ WORKLOAD = WorkloadSpec(prompts=1, shared_prefix_tokens=256, unique_tokens=2048,
 async def attempt(i: int, stack: SandboxStack, engine: EngineClient, baseline: EngineClient, journal: Journal,
                   run_dir: Path) -> dict:
     prompt = (await build_prompts(baseline, WORKLOAD, seed=1000 + i)).prompts[0]
-    want = (await baseline.complete(prompt.token_ids, WORKLOAD.max_tokens, 120))["choices"][0]["token_ids"]
+    want = (await baseline.complete(prompt.token_ids, WORKLOAD.max_tokens, 120)).token_ids
     ctx = InjectionContext(fault_id=f"a{i}-process", run_dir=run_dir, rng=random.Random(i), journal=journal,
                            stack=stack, prompts=None, landing_probe=stack.store_probe().observe)
     fault = ProcessFault(ProcessParams(service="engine", action="kill"), ctx)
@@ -60,7 +60,7 @@ async def attempt(i: int, stack: SandboxStack, engine: EngineClient, baseline: E
     tries = 0
     while True:
         tries += 1
-        got = (await engine.complete(prompt.token_ids, WORKLOAD.max_tokens, 120))["choices"][0]["token_ids"]
+        got = (await engine.complete(prompt.token_ids, WORKLOAD.max_tokens, 120)).token_ids
         if got == want:
             break
         if tries >= 5:

@@ -24,7 +24,7 @@ from drills.triggers import Trigger
 from injectors.base import registry
 
 Verdict = Literal["pass", "fail", "error", "aborted"]
-CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery"]
+CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo"]
 Action = Literal["clear_l1", "restart_engine"]
 
 
@@ -164,6 +164,18 @@ class RecoveryCheck(_Strict):
                                                                    "null: only correctness must recover")
 
 
+class SloCheck(_Strict):
+    """Latency next to the recompute baseline of the same run (streamed TTFT and inter-token latency)."""
+
+    enabled: bool = False
+    phases: list[Literal["steady", "chaos", "recovery"]] = Field(
+        default_factory=lambda: ["steady", "chaos", "recovery"], description="phases judged")
+    cache_slower_tolerance: float = Field(
+        0.10, ge=0, description="fail when a phase with cache hits has a TTFT p50 this fraction above recompute's")
+    ttft_p95_max: Duration | None = Field(None, description="absolute SLO on TTFT p95 per phase")
+    itl_p95_max: Duration | None = Field(None, description="absolute SLO on inter-token latency p95 per phase")
+
+
 class ChecksSpec(_Strict):
     correctness: CorrectnessCheck = CorrectnessCheck()
     degenerate: DegenerateCheck = DegenerateCheck()
@@ -171,6 +183,7 @@ class ChecksSpec(_Strict):
     leaks: LeaksCheck = LeaksCheck()
     liveness: LivenessCheck = LivenessCheck()
     recovery: RecoveryCheck = RecoveryCheck()
+    slo: SloCheck = SloCheck()
 
 
 class Expect(_Strict):

@@ -4,11 +4,16 @@ Prompts are sent as token ids, not text, so chunk boundaries are exact: the firs
 ``shared_prefix_tokens`` tokens are identical across prompts, the next ``unique_tokens`` differ. The
 same seed gives the same token ids on the same tokenizer. Every response's output token ids are
 journaled, because correctness is judged on tokens, not on text.
+
+Completions are streamed, so every response also carries its time to first token and the gaps between
+tokens (the SLO check compares them with the no-cache baseline's); the whole request still has one
+deadline, after which it counts as hung.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -75,6 +80,26 @@ class Response:
     error_kind: str | None = None  # hung | http_5xx | http_4xx | connect | protocol
     status_code: int | None = None
     cached_tokens: int | None = None
+    ttft_s: float | None = None  # request sent -> first token received
+    itl_s: list[float] = field(default_factory=list)  # gaps between later tokens
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    cached_tokens: int | None
+    ttft_s: float | None
+    itl_s: list[float]
+
+
+class StreamError(RuntimeError):
+    """The engine reported an error inside a stream it had already answered 200 to."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(str(error.get("message") or error))
+        self.code = error.get("code") if isinstance(error.get("code"), int) else None
 
 
 def _story(rng: random.Random, n_words: int) -> str:
@@ -104,14 +129,40 @@ class EngineClient:
         r.raise_for_status()
         return list(r.json()["tokens"])
 
-    async def complete(self, token_ids: list[int], max_tokens: int, timeout: float) -> dict[str, Any]:
-        r = await self.http.post(
-            f"{self.base_url}/v1/completions",
-            json={"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0,
-                  "seed": 0, "return_token_ids": True},
-            timeout=timeout)
-        r.raise_for_status()
-        return r.json()
+    async def complete(self, token_ids: list[int], max_tokens: int, timeout: float) -> Completion:
+        """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request."""
+        body = {"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+                "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+        out: list[int] = []
+        text: list[str] = []
+        arrivals: list[tuple[float, int]] = []
+        finish, usage = None, {}
+        async with asyncio.timeout(timeout):
+            start = time.perf_counter()
+            async with self.http.stream("POST", f"{self.base_url}/v1/completions", json=body, timeout=timeout) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if "error" in chunk:
+                        raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        ids = list(choice.get("token_ids") or [])
+                        if ids:
+                            arrivals.append((time.perf_counter(), len(ids)))
+                            out += ids
+                        text.append(choice.get("text") or "")
+                        finish = choice.get("finish_reason") or finish
+        ttft = arrivals[0][0] - start if arrivals else None
+        # a chunk carrying n tokens spreads its gap over them (vLLM sends one token per chunk here)
+        itl = [round((t - prev) / n, 5) for (prev, _), (t, n) in zip(arrivals, arrivals[1:])]
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(token_ids=out, text="".join(text), finish_reason=finish, cached_tokens=details.get("cached_tokens"),
+                          ttft_s=ttft, itl_s=itl)
 
 
 async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, fresh: bool = False) -> PromptSet:
@@ -137,8 +188,10 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
 
 
 def _error_kind(exc: Exception) -> tuple[str, int | None]:
-    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+    if isinstance(exc, TimeoutError) or (isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout)):
         return "hung", None
+    if isinstance(exc, StreamError):
+        return "http_5xx", exc.code
     if isinstance(exc, httpx.HTTPStatusError):
         code = exc.response.status_code
         return ("http_5xx" if code >= 500 else "http_4xx"), code
@@ -169,14 +222,11 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
                 await on_request()
             start = time.perf_counter()
             try:
-                body = await client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
-                choice = body["choices"][0]
-                details = (body.get("usage") or {}).get("prompt_tokens_details") or {}
-                resp = Response(request_id=request_id, prompt_id=prompt.id, ok=True,
-                                token_ids=list(choice.get("token_ids") or []), text=choice.get("text") or "",
-                                finish_reason=choice.get("finish_reason"),
-                                latency_s=time.perf_counter() - start, cached_tokens=details.get("cached_tokens"))
-            except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+                done = await client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
+                resp = Response(request_id=request_id, prompt_id=prompt.id, ok=True, token_ids=done.token_ids,
+                                text=done.text, finish_reason=done.finish_reason, latency_s=time.perf_counter() - start,
+                                cached_tokens=done.cached_tokens, ttft_s=done.ttft_s, itl_s=done.itl_s)
+            except (httpx.HTTPError, TimeoutError, StreamError, KeyError, IndexError, ValueError) as exc:
                 detail = ""
                 if isinstance(exc, httpx.HTTPStatusError):
                     detail = f" body={exc.response.text[:300]!r}"
@@ -192,6 +242,7 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
             journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                            ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
                            latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
+                           ttft_s=None if resp.ttft_s is None else round(resp.ttft_s, 4), itl_s=resp.itl_s,
                            **extra, **tag)
             return resp
 

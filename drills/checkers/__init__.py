@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drills.checkers import correctness, degenerate, hit_rate, leaks, liveness, recovery
+from drills.checkers import correctness, degenerate, hit_rate, leaks, liveness, recovery, slo
 from drills.checkers.base import CheckResult, RunView
 from drills.journal import History
 from drills.scenario import ChecksSpec
@@ -24,4 +24,6 @@ def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
         results.append(liveness.check(view, checks.liveness))
     if checks.recovery.enabled:
         results.append(recovery.check(view, checks.recovery))
+    if checks.slo.enabled:
+        results.append(slo.check(view, checks.slo))
     return results

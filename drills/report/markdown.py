@@ -61,6 +61,7 @@ def markdown(doc: dict[str, Any], history: History) -> str:
                    f"{f' ({rate:.0%})' if rate is not None else ''} | {r['lmcache_l1_hit_tokens']:.0f} / "
                    f"{r['lmcache_l2_hit_tokens']:.0f} | {r['vllm_external_hits']:.0f}/{r['vllm_external_queries']:.0f} | "
                    f"{r['vllm_apc_hits']:.0f}/{r['vllm_apc_queries']:.0f} |")
+    out += _latency_section(history)
     out += ["", "## Faults", ""]
     for f in doc["faults"]:
         out.append(f"- `{f['fault_id']}` {'verified' if f['effective'] else 'NOT verified'}: {f['summary']} ({f['ref']})")
@@ -112,6 +113,43 @@ def markdown(doc: dict[str, Any], history: History) -> str:
     if doc["journal_problems"]:
         out += ["## Journal problems", ""] + [f"- {p}" for p in doc["journal_problems"]] + [""]
     return "\n".join(out)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _latency_section(history: History) -> list[str]:
+    """TTFT/ITL per phase against the recompute baseline, whether or not the slo check is on."""
+    from drills.checkers.base import RunView
+    from drills.checkers.slo import break_even, phase_latency
+    from drills.scenario import SloCheck
+
+    view, opts = RunView(history), SloCheck()
+    rows = [("recompute (baseline, oracle)", phase_latency(view, "oracle", "baseline", opts))]
+    rows += [(p, phase_latency(view, p, "engine", opts)) for p in ("warm", "steady", "chaos", "recovery")]
+    rows = [(name, r) for name, r in rows if r and r["ttft_s"]["p50"] is not None]
+    if not rows:
+        return []
+    out = ["", "## Latency by phase (streamed; ms)", "",
+           "| phase | requests ok | TTFT p50 / p95 / p99 | ITL p50 / p95 / p99 | cached tokens/request | goodput (req/s) |",
+           "|---|---|---|---|---|---|"]
+    for name, r in rows:
+        t, i = r["ttft_s"], r["itl_s"]
+        out.append(f"| {name} | {r['ok']}/{r['requests']} | {_ms(t['p50'])} / {_ms(t['p95'])} / {_ms(t['p99'])} | "
+                   f"{_ms(i['p50'])} / {_ms(i['p95'])} / {_ms(i['p99'])} | {r['cached_tokens_per_request']:.0f} | "
+                   f"{r['goodput_rps'] if r['goodput_rps'] is not None else '-'} |")
+    be = break_even(view, rows[0][1], next((r for name, r in rows if name == "steady"), None))
+    if be.get("available"):
+        serial = be["serial_bytes_per_s"]
+        out += ["", f"Break-even link bandwidth (**estimates** from measured values): one request's KV is "
+                    f"{be['kv_bytes_per_request'] / 1e6:.2f} MB ({be['hit_tokens_per_request']:.0f} cached tokens × "
+                    f"{be['bytes_per_token']:.0f} B); recompute TTFT {_ms(be['ttft_recompute_p50_s'])} ms, cache-hit TTFT "
+                    f"{_ms(be['ttft_cache_hit_p50_s'])} ms. Serial (transfer, then compute): "
+                    + (f"{serial / 1e6:.1f} MB/s" if serial else "none — " + be.get("note", ""))
+                    + f"; ideal pipeline (transfer overlapped with compute): {be['ideal_pipeline_bytes_per_s'] / 1e6:.1f} MB/s. "
+                    "Below these the cache path is slower than recomputing."]
+    return out
 
 
 def _evidence_line(ev: dict[str, Any]) -> str:
