@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -436,6 +437,12 @@ class KernelNet:
                 devs[dev] = {"qdiscs": qd, "classes": self.classes(dev)}
         return {"netns": self.name, "nft": self.nft_table(), "tc": devs}
 
+    def listeners(self) -> list[dict[str, Any]]:
+        """TCP listeners in the namespace (``ss -Htlnp``): address, port and the processes holding them. How
+        a drill finds ports that are chosen at random, e.g. a Mooncake contributor's transfer-engine ports
+        (see :func:`mooncake_transfer_ports`)."""
+        return parse_ss_listeners(self.run("ss", "-Htlnp").stdout)
+
     # --- applying ---
 
     def apply(self, op: Op) -> dict[str, Any]:
@@ -728,6 +735,35 @@ def parse_tc_classes(text: str) -> list[dict[str, Any]]:
         if backlog:
             classes[-1].update(backlog=backlog.group(1), qlen=int(backlog.group(2)))
     return classes
+
+
+_SS_USER = re.compile(r'\("([^"]*)",pid=(\d+),fd=(\d+)\)')
+
+
+def parse_ss_listeners(text: str) -> list[dict[str, Any]]:
+    """``ss -Htlnp`` lines → [{addr, port, processes: [{name, pid, fd}]}]."""
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 5 or words[0] != "LISTEN":
+            continue
+        addr, _, port = words[3].rpartition(":")
+        if not port.isdigit():
+            continue
+        procs = [{"name": n, "pid": int(p), "fd": int(f)} for n, p, f in _SS_USER.findall(line)]
+        out.append({"addr": addr, "port": int(port), "processes": procs})
+    return out
+
+
+def mooncake_transfer_ports(listeners: list[dict[str, Any]], pid: int, known: Iterable[int] = ()) -> dict[str, list[int]]:
+    """A Mooncake process's random transfer-engine ports among ``listeners``, minus its ``known`` flag ports
+    (--port, --http_port, ...). Its TCP data listener binds ``*`` (the IPv6 wildcard, dual-stack: peers
+    still connect over 127.0.0.1) and its handshake/RPC listener ``0.0.0.0`` (shared/facts/mooncake.md §5;
+    seen in a kvdrill stack: ``*:15791`` data, ``0.0.0.0:16604`` handshake for a contributor on 50052/9300)."""
+    skip = set(known)
+    ours = [entry for entry in listeners if any(p["pid"] == pid for p in entry["processes"]) and entry["port"] not in skip]
+    return {"data": sorted(e["port"] for e in ours if e["addr"] in ("*", "[::]")),
+            "handshake": sorted(e["port"] for e in ours if e["addr"] == "0.0.0.0")}
 
 
 def _rule_summary(rule: dict[str, Any]) -> dict[str, Any]:

@@ -245,6 +245,25 @@ def test_refuses_namespaces_kvdrill_did_not_create():
     assert undo_record({"backend": "kernelnet", "netns": "kvd-doesnotexist0", "kind": "nft"})["undone"] == []
 
 
+SS = """\
+LISTEN 0      128         0.0.0.0:9300  0.0.0.0:* users:(("mooncake_client",pid=15150,fd=21))
+LISTEN 0      128    10.254.32.50:9003  0.0.0.0:* users:(("mooncake_master",pid=15093,fd=22))
+LISTEN 0      128       127.0.0.1:50052 0.0.0.0:* users:(("mooncake_client",pid=15150,fd=25))
+LISTEN 0      128       127.0.0.1:50051 0.0.0.0:* users:(("mooncake_master",pid=15093,fd=29))
+LISTEN 0      128         0.0.0.0:16604 0.0.0.0:* users:(("mooncake_client",pid=15150,fd=11))
+LISTEN 0      128         0.0.0.0:16870 0.0.0.0:* users:(("mooncake_client",pid=15152,fd=11))
+LISTEN 0      128               *:15791       *:* users:(("mooncake_client",pid=15150,fd=15))
+"""
+
+
+def test_listeners_and_mooncake_transfer_ports_from_ss():
+    found = kernelnet.parse_ss_listeners(SS)
+    assert len(found) == 7 and found[0] == {"addr": "0.0.0.0", "port": 9300,
+                                            "processes": [{"name": "mooncake_client", "pid": 15150, "fd": 21}]}
+    ports = kernelnet.mooncake_transfer_ports(found, pid=15150, known={50052, 9300})
+    assert ports == {"data": [15791], "handshake": [16604]}
+
+
 # --- measured in a namespace --------------------------------------------------------------------------
 
 
@@ -252,6 +271,7 @@ def test_refuses_namespaces_kvdrill_did_not_create():
 def test_bandwidth_cap_on_lo_holds_within_5_percent_then_clear_restores_speed(netns, kn):
     _, side = netns
     rate_kbps = 5000  # 5 MB/s
+    assert any(e["port"] == PORT and e["processes"][0]["pid"] == os.getpid() for e in kn.listeners())
     rec = kn.apply(Bandwidth(Target(port=PORT, match="sport"), rate_kbps=rate_kbps))
     assert rec["burst_bytes"] >= 256 * 1024 and kn.verify(rec)["active"]
     s = side.connect()
@@ -380,7 +400,10 @@ def test_blackhole_stalls_open_and_new_connections(netns, kn):
     with pytest.raises(TimeoutError):
         side.connect(timeout=0.5)
     assert kn.counters(rec)["packets"] >= 2
-    kn.clear()
+    # the record alone says how to undo it: replay its argv as a journal reader would
+    for argv in rec["undo"] + rec["cleanup_if_empty"]:
+        subprocess.run(argv, check=True)
+    assert not kn.verify(rec)["active"] and kn.nft_table() is None
     download(side.connect(), 10_000)
 
 
