@@ -140,9 +140,10 @@ class Loss:
 class Reject:
     """``reject with tcp reset``: the sender of each matching packet gets an RST, so an existing
     connection sees ECONNRESET when it next sends (or ACKs) and, with ``new_connections``, a connect
-    sees ECONNREFUSED. Without ``new_connections`` SYNs pass: connects succeed and reset right after
-    (≈ reset_peer). RST packets always pass, so both ends of a connection learn of the reset. A
-    connection on which nobody sends is not closed (the kernel cannot close it actively)."""
+    sees ECONNREFUSED. Without ``new_connections`` only segments that carry data are rejected: connects
+    succeed and the first data in either direction resets the connection (≈ reset_peer). RST packets
+    always pass, so both ends of a connection learn of the reset. A connection on which nobody sends is
+    not closed (the kernel cannot close it actively)."""
 
     target: Target
     new_connections: bool = True
@@ -445,6 +446,15 @@ class KernelNet:
 
     # --- applying ---
 
+    def enable_conntrack_accounting(self) -> bool:
+        """Turn on conntrack byte/packet accounting in the namespace (idempotent; done before every nft
+        operation, and best done once right after the namespace is created). A connection tracked while it
+        is off never gets counters, so a later ``ct bytes`` limit would silently never fire on it.
+        Connections opened while no conntrack rule is loaded are picked up mid-stream when one is, and are
+        then counted from that moment (as Toxiproxy counts from the toxic). Returns whether it is on."""
+        proc = self.run("sysctl", "-qw", "net.netfilter.nf_conntrack_acct=1", check=False)
+        return proc.returncode == 0
+
     def apply(self, op: Op) -> dict[str, Any]:
         """Apply one operation; returns the record (JSON-ready) that says what was added and how to undo it."""
         if isinstance(op, Bandwidth):
@@ -471,7 +481,7 @@ class KernelNet:
         if isinstance(op, ByteLimit) and op.sender_target() is not None:
             limit = int(op.bytes) + int(op.sender_slack_bytes or 0)
             parts.append((op.sender_target(), ("reject with tcp reset",
-                                               f" tcp flags & rst == 0 ct {op.count} bytes > {limit}")))
+                                               [f" tcp flags & rst == 0 ct {op.count} bytes > {limit}"])))
         used = self._used_nft_slots()
         free = [s for s in range(1, MAX_NFT_SLOTS + 1) if s not in used]
         if not free:
@@ -500,13 +510,15 @@ class KernelNet:
                 rules.append((chain, f"{ifmatch} {conn} ct state new ct mark & {decided:#x} == 0 "
                                      f'ct mark set ct mark | {decided:#x} counter comment "{comment} spared"'))
                 chosen_match = f" ct mark & {chosen:#x} == {chosen:#x}"
-            for part, (action, extra) in parts:
+            for part, (action, extras) in parts:
                 if not any(h == hook and fault for h, _, fault in nft_hooks(part)):
                     continue
                 for pm in port_matches(part):
-                    rules.append((chain, f"{ifmatch} {pm}{chosen_match}{extra} counter {action} "
-                                         f'comment "{comment}"'))
+                    for extra in extras:
+                        rules.append((chain, f"{ifmatch} {pm}{chosen_match}{extra} counter {action} "
+                                             f'comment "{comment}"'))
         lines += [f"add rule {TABLE} {chain} {rule}" for chain, rule in rules]
+        self.enable_conntrack_accounting()
         self.run("nft", "-f", "-", input="\n".join(lines) + "\n")
         undo = [self.argv("nft", "; ".join(f"flush chain {TABLE} {c}; delete chain {TABLE} {c}" for c in chains))]
         return {"backend": "kernelnet", "kind": "nft", "netns": self.name, "op": op_as_dict(op), "slot": slot,
@@ -795,21 +807,30 @@ def port_matches(t: Target) -> list[str]:
             "both": [f"tcp sport {t.port}", f"tcp dport {t.port}"]}[t.match]
 
 
-def nft_action(op: NftOp) -> tuple[str, str]:
-    """(verdict, extra match) for an operation."""
+# A TCP segment without payload (an ACK with the timestamps option that Linux sends by default) is 52
+# bytes of IPv4 or 32 bytes of IPv6 payload; longer ones carry data (or SACK blocks, during loss).
+DATA_MATCHES = [" ip length > 52", " ip6 length > 32"]
+
+
+def nft_action(op: NftOp) -> tuple[str, list[str]]:
+    """(verdict, extra matches: one rule per entry) for an operation."""
     no_rst = " tcp flags & rst == 0"  # RSTs pass a reject: the reset end's kernel RST then reaches the other end
     if isinstance(op, Loss):
         if not 0.0 < op.percent <= 100.0:
             raise KernelNetError(f"loss percent must be in (0, 100], not {op.percent}")
-        return "drop", f" numgen random mod 10000 < {round(op.percent * 100)}"
+        return "drop", [f" numgen random mod 10000 < {round(op.percent * 100)}"]
     if isinstance(op, Blackhole):
-        return "drop", ""
+        return "drop", [""]
     if isinstance(op, Reject):
-        return "reject with tcp reset", no_rst + ("" if op.new_connections else " tcp flags & syn == 0")
+        if op.new_connections:
+            return "reject with tcp reset", [no_rst]
+        # handshakes pass (a rejected handshake ACK resets the client before connect() returns, measured on
+        # lo); the first segment that carries data is rejected, like Toxiproxy's reset_peer on the first chunk
+        return "reject with tcp reset", [f"{no_rst} tcp flags & syn == 0{m}" for m in DATA_MATCHES]
     if isinstance(op, ByteLimit):
         if op.count not in ("original", "reply") or op.bytes < 0:
             raise KernelNetError(f"byte limit needs count original|reply and bytes >= 0, not {op.count}/{op.bytes}")
-        return "reject with tcp reset", f"{no_rst} ct {op.count} bytes > {int(op.bytes)}"
+        return "reject with tcp reset", [f"{no_rst} ct {op.count} bytes > {int(op.bytes)}"]
     raise KernelNetError(f"not an nft operation: {op!r}")  # pragma: no cover
 
 

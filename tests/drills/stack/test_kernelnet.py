@@ -372,6 +372,20 @@ def test_reject_resets_open_connections_and_refuses_new_ones(netns, kn):
 
 
 @needs_root
+def test_reset_peer_lets_connects_through_then_resets(netns, kn):
+    _, side = netns
+    opened = side.connect()
+    download(opened, 1000)
+    [op] = emulate_toxic({"type": "reset_peer", "attributes": {"timeout": 0}}, port=PORT).immediate
+    kn.apply(op)
+    s = side.connect(timeout=3)  # the handshake passes: the connect succeeds
+    for conn in (s, opened):  # new and already open connections are reset on their first data
+        with pytest.raises(ConnectionResetError):
+            conn.sendall((1000).to_bytes(8, "big"))
+            conn.recv(100)
+
+
+@needs_root
 def test_reject_with_toxicity_picks_connections(netns, kn):
     _, side = netns
     rec = kn.apply(Reject(Target(port=PORT), toxicity=0.5))
@@ -411,19 +425,21 @@ def test_blackhole_stalls_open_and_new_connections(netns, kn):
 def test_limit_data_resets_after_about_n_bytes(netns, kn):
     _, side = netns
     limit = 1_000_000
+    early = side.connect()  # open before the toxic: conntrack picks it up mid-stream and counts from then
+    download(early, 100_000)
     plan = emulate_toxic({"type": "limit_data", "attributes": {"bytes": limit}}, port=PORT)
     records = [kn.apply(op) for op in plan.immediate]
-    s = side.connect()
-    s.settimeout(5)
-    s.sendall((4_000_000).to_bytes(8, "big"))
-    got = 0
-    with pytest.raises(ConnectionResetError):
-        while True:
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                break
-            got += len(chunk)
-    print(f"limit_data {limit}: reset after {got} bytes ({got / limit - 1:+.1%}); {kn.counters(records[0])}")
-    assert 0.9 * limit <= got <= limit + 256 * 1024 + 64 * 1024  # the sender's rule cuts at limit + 256 KiB
+    for s in (side.connect(), early):
+        s.settimeout(5)
+        s.sendall((4_000_000).to_bytes(8, "big"))
+        got = 0
+        with pytest.raises(ConnectionResetError):
+            while True:
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                got += len(chunk)
+        print(f"limit_data {limit}: reset after {got} bytes ({got / limit - 1:+.1%}); {kn.counters(records[0])}")
+        assert 0.9 * limit <= got <= limit + 256 * 1024 + 64 * 1024  # the sender's rule cuts at limit + 256 KiB
     # a fresh connection gets its own budget
     assert sum(download(side.connect(), 100_000)[-1][1:]) == 100_000
