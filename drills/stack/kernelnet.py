@@ -29,6 +29,14 @@ Layout in the namespace:
   unshaped); each bandwidth cap is a class ``4b56:<slot>`` fed by u32 filters at prio ``2*slot``
   (IPv4) and ``2*slot+1`` (IPv6). Ingress caps redirect the interface's ingress to an IFB device
   ``kvdi<ifindex>`` and shape its egress.
+
+Use from an injector::
+
+    kn = KernelNet(stack.netns)                        # a NetNamespace (or its kvd-* name)
+    plan = emulate_toxic(toxic, port=data_port)        # NotEmulable → say so at scenario validation
+    records = [kn.apply(op) for op in plan.immediate]  # journal each record; plan.later: orchestrator
+    kn.counters(records[0]); kn.verify(records[0])     # evidence that the rule is active and hit
+    for r in reversed(records): kn.undo(r)             # heal; kn.clear() removes all; deleting the ns too
 """
 
 from __future__ import annotations
@@ -216,6 +224,8 @@ def op_from_dict(d: dict[str, Any]) -> Op:
 class Step:
     op: Op
     after_ms: float = 0.0  # the orchestrator applies it this long after the first step
+    # undo the earlier steps' records first (a drop in one chain would hide a later reject in another)
+    replaces_previous: bool = False
 
 
 @dataclass(frozen=True)
@@ -233,7 +243,8 @@ class KernelPlan:
         return [s for s in self.steps if s.after_ms > 0]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"steps": [{"after_ms": s.after_ms, "op": op_as_dict(s.op)} for s in self.steps],
+        return {"steps": [{"after_ms": s.after_ms, "replaces_previous": s.replaces_previous, "op": op_as_dict(s.op)}
+                          for s in self.steps],
                 "fidelity": self.fidelity, "notes": self.notes}
 
 
@@ -294,9 +305,10 @@ def emulate_toxic(toxic: dict[str, Any], port: int, iface: str = "lo", server_in
         steps = [Step(Blackhole(both, toxicity=toxicity))]
         notes = ["all packets of the port are dropped (both directions): data and new connects stall"]
         if timeout > 0:
-            steps.append(Step(Reject(both, new_connections=True, toxicity=toxicity), after_ms=timeout))
-            notes.append(f"after {timeout:.0f} ms the orchestrator adds a reject: the close is an RST, for all "
-                         "connections at once (Toxiproxy times each connection from its start)")
+            steps.append(Step(Reject(both, new_connections=True, toxicity=toxicity), after_ms=timeout,
+                              replaces_previous=True))
+            notes.append(f"after {timeout:.0f} ms the orchestrator swaps the drop for a reject: the close is an RST "
+                         "on the next packet, for all connections at once (Toxiproxy times each connection)")
         return KernelPlan(steps=steps, fidelity="good" if timeout <= 0 else "approximate", notes=notes)
     if kind == "reset_peer":
         timeout = _num(attrs, "timeout")

@@ -228,7 +228,7 @@ def test_toxics_map_to_kernel_operations():
     assert limit_up.immediate[0].count == "original" and limit_up.immediate[0].target.match == "sport"
     timeout = emulate_toxic({"type": "timeout", "toxicity": 0.5, "attributes": {"timeout": 300}}, port=9000)
     assert isinstance(timeout.immediate[0], Blackhole) and timeout.immediate[0].toxicity == 0.5
-    assert [(s.after_ms, type(s.op)) for s in timeout.later] == [(300, Reject)]
+    assert [(s.after_ms, type(s.op), s.replaces_previous) for s in timeout.later] == [(300, Reject, True)]
     reset = emulate_toxic({"type": "reset_peer", "attributes": {"timeout": 0}}, port=9000)
     assert reset.immediate == [Reject(Target("lo", 9000, "both", "both"), new_connections=False)]
     assert emulate_toxic({"type": "down", "toxicity": 0}, port=9000).steps == []
