@@ -38,7 +38,7 @@ def pins():
 
 def test_pins_name_libibverbs1_and_the_mooncake_wheel():
     pins = load_pins()
-    assert pins.apt == ["libibverbs1"]
+    assert pins.apt == ["libibverbs1", "iproute2", "nftables"]  # nftables, iproute2: drills/stack/kernelnet.py
     assert pins.version_of("mooncake-transfer-engine-non-cuda") == "0.3.13.post1"
 
 
