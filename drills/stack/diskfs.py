@@ -121,6 +121,18 @@ def loops_backed_by(image: Path | str) -> list[str]:
     return sorted(found)
 
 
+def detach_loop(device: str, image: str, timeout: float = 5.0) -> bool:
+    """``losetup -d`` and wait until the device no longer shows ``image``: a device someone still has open
+    (udev probing it right after the unmount) is only marked for auto-clear and detaches a moment later."""
+    deadline = time.monotonic() + timeout
+    while loop_backing_file(device) == image:
+        _run("losetup", "-d", device, check=False)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and proc.returncode != 0:
@@ -534,8 +546,10 @@ class RunFilesystem:
         self.fillers.clear()
         if self.kind == "ext4" and self.image is not None:
             for dev in loops_backed_by(self.image):
-                _run("losetup", "-d", dev, check=False)
-                undone.append(f"detached {dev}")
+                if detach_loop(dev, str(self.image)):
+                    undone.append(f"detached {dev}")
+                else:
+                    gone.append(f"{dev} still attached to {self.image} (in use); the kernel detaches it when freed")
             # a loop still busy (lazy unmount) is detached by the kernel once the last user closes it
             if self.image.exists():
                 self.image.unlink()
