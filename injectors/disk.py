@@ -19,6 +19,14 @@ Modes (shared/facts/network-disk-process-faults.md §5 has the measurements behi
   with ``errno`` (optionally after ``after_bytes``, with a ``probability`` and seed, at most ``count``
   times). LMCache writes ``<key>.tmp`` and renames it to ``<key>.data``.
 
+What LMCache 0.5.6's fs L2 adapter does with these (``_execute_store``, from the source, not run): a
+failed write or rename is logged as ``FSL2Adapter failed to store <path>`` with the traceback, the
+``.tmp`` is unlinked, the store task is marked unsuccessful and the next key is tried, so the chunk is
+simply absent from L2 (a later miss, recomputed). It never calls ``fsync``, so ``ops: [fsync]`` does not
+reach it; ``flush`` does (``close`` after the write). If the cleanup ``unlink`` fails too (``ops:
+[write, unlink]``), the exception escapes the per-key handler and the rest of that store task is skipped.
+There is no metric for L2 store failures: the evidence is the server log and the fired log.
+
 Proof is by measurement: ``statvfs`` of the L2 directory for fill/full/inodes/shrink, plus a write or
 create by a kvdrill probe file (``.kvdrill-diskprobe-<fault>``) that must get ENOSPC (full, inodes) or
 EROFS (readonly); for errno, a probe operation on the rule's own probe path (``.kvdrill-probe-<rule>``,
@@ -302,7 +310,7 @@ class DiskFault(Injector):
                 self.result = self._shrink(fs, spec)
             elif isinstance(spec, Readonly):
                 self.result = fs.make_readonly(self._readonly_target())
-        except DiskFsError as exc:
+        except (DiskFsError, OSError) as exc:
             raise InjectionError(f"disk {spec.mode}: {exc}") from exc
         self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name, mode=spec.mode,
                                 fs=fs.fs_id, result=self.result, took_s=round(time.time() - self.injected_at, 3))
