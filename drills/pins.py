@@ -21,7 +21,7 @@ class Pins:
     gguf_file: str
     gguf_sha256: str
     dtype: str
-    apt: list[str] = field(default_factory=list)  # Debian packages the stack needs (libibverbs1 for Mooncake)
+    apt: list[str] = field(default_factory=list)  # Debian packages the stack needs (Mooncake, FUSE, mkfs.ext4)
 
     @property
     def all_requirements(self) -> list[str]:

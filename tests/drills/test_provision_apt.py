@@ -36,9 +36,10 @@ def pins():
     return replace(load_pins(), apt=["libibverbs1"])
 
 
-def test_pins_name_libibverbs1_and_the_mooncake_wheel():
+def test_pins_name_the_system_packages_and_the_mooncake_wheel():
     pins = load_pins()
-    assert pins.apt == ["libibverbs1", "iproute2", "nftables"]  # nftables, iproute2: drills/stack/kernelnet.py
+    # Mooncake; the namespace + kernelnet; faultfs; loop ext4
+    assert pins.apt == ["libibverbs1", "iproute2", "nftables", "fuse3", "libfuse3-3", "e2fsprogs"]
     assert pins.version_of("mooncake-transfer-engine-non-cuda") == "0.3.13.post1"
 
 
