@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, RootModel, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -32,11 +32,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class L2Filesystem(_Strict):
+    """A filesystem the run mounts for the L2 directory, so disk faults touch only what the run owns."""
+
+    kind: Literal["tmpfs", "ext4"] = Field("tmpfs", description="tmpfs, or loop ext4 where ext4 semantics matter")
+    size: ByteSize = Field(ByteSize(256 * 2**20), description="e.g. '256MiB'; a few times the warm-up's L2 bytes")
+    inodes: int | None = Field(None, ge=4, description="inode limit (for the disk fault mode `inodes`)")
+    faultfs: bool = Field(False, description="serve the L2 through the FUSE fault filesystem (disk mode `errno`)")
+
+
 class LMCacheOptions(_Strict):
     """The LMCache MP server of the sandbox (see shared/facts/vllm-lmcache-cpu.md)."""
 
     chunk_size: int = Field(256, description="tokens per chunk; a multiple of vLLM-CPU's 128-token block")
-    l1_size_gb: float = Field(0.25, gt=0, le=8)
+    l1_size_gb: float = Field(1.0, gt=0, le=8, description="the server's L1 (memory) tier; a full L1 drops new "
+                                                         "stores silently, so it is sized for chaos traffic's "
+                                                         "fresh prompts too")
     l2_serde: Literal["none", "aesgcm"] = Field(
         "none", description="fs L2 serde: 'none' stores raw tensor bytes, 'aesgcm' authenticates each file")
     l1_read_ttl: Duration = Field(20.0, description="read-lock TTL (short, so leaked locks show up quickly)")
@@ -46,6 +57,9 @@ class LMCacheOptions(_Strict):
         "lmcache_driven", description="lmcache_driven is the CPU fix for the 300 s register hang")
     shm_leak_fix: bool = Field(
         False, description="load the server-side monkeypatch for the SHM segment leak (hides defect D3)")
+    l2_fs: L2Filesystem | None = Field(
+        None, description="mount a run-owned filesystem for the L2 directory (needed by the `disk` faults); "
+                          "default: a plain directory in the run")
 
     @field_validator("chunk_size")
     @classmethod

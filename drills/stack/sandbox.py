@@ -28,6 +28,8 @@ from drills.observe.lmcache_status import leak_counts
 from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
 from drills.scenario import StackSpec
 from drills.stack.base import ProcessStack
+from drills.stack.diskfs import RunFilesystem
+from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
 from drills.triggers import StoreProbe
 
@@ -115,6 +117,7 @@ class SandboxStack(ProcessStack):
         super().__init__(run_dir, journal, http)
         self.options = options
         self.l2_dir = self.run_dir / "stack" / "l2"
+        self.l2_fs: RunFilesystem | FaultFs | None = None  # a run-owned filesystem under the L2 (disk faults)
         self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline")}
 
     @classmethod
@@ -138,8 +141,10 @@ class SandboxStack(ProcessStack):
             raise StackError(f"the stack venv is missing ({stack_venv()}); run `make setup` or `kvdrill setup`")
         if not (self.model_dir / "model.safetensors").exists():
             raise StackError(f"the model is missing ({self.model_dir}); run `make setup` or `kvdrill setup`")
-        self.l2_dir.mkdir(parents=True, exist_ok=True)
         lm, eng = self.options.lmcache, self.options.engine
+        self.l2_dir.mkdir(parents=True, exist_ok=True)
+        if lm.l2_fs is not None and self.l2_fs is None:
+            self._mount_l2(lm.l2_fs)
         adapter: dict[str, Any] = {"type": "fs", "base_path": str(self.l2_dir)}
         if lm.l2_serde == "aesgcm":
             key = self.run_dir / "stack" / "aesgcm.key"
@@ -192,8 +197,43 @@ class SandboxStack(ProcessStack):
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
     async def down(self) -> None:
-        await self.driver.stop_all()
-        remove_served(self.run_dir)
+        try:
+            await self.driver.stop_all()
+        finally:
+            remove_served(self.run_dir)
+            self._unmount_l2()
+
+    def _mount_l2(self, opt) -> None:
+        """The L2 directory on a filesystem the run mounts (journaled before it is mounted, so a crashed
+        run can be rolled back), and optionally the fault filesystem over it."""
+        stack_dir = self.run_dir / "stack"
+        if opt.faultfs:
+            disk = RunFilesystem.plan(opt.kind, int(opt.size), stack_dir / "l2fs", self.run_dir, inodes=opt.inodes)
+            self.journal.append("stack.l2_fs.planned", filesystem=disk.as_dict())
+            disk.mount()
+            (disk.mountpoint / "l2").mkdir(exist_ok=True)
+            ffs = FaultFs.plan(disk.mountpoint / "l2", self.l2_dir, self.run_dir, backing_fs=disk)
+            self.l2_fs = ffs
+            self.journal.append("stack.l2_fs.planned", faultfs=ffs.as_dict())
+            ffs.start()
+        else:
+            disk = RunFilesystem.plan(opt.kind, int(opt.size), self.l2_dir, self.run_dir, inodes=opt.inodes)
+            self.journal.append("stack.l2_fs.planned", filesystem=disk.as_dict())
+            self.l2_fs = disk
+            disk.mount()
+        self.journal.append("stack.l2_fs.mounted", kind=opt.kind, size_bytes=int(opt.size), inodes=opt.inodes,
+                            faultfs=opt.faultfs, l2_dir=str(self.l2_dir))
+
+    def _unmount_l2(self) -> None:
+        fs, self.l2_fs = self.l2_fs, None
+        if fs is None:
+            return
+        done: dict[str, list[str]] = {"undone": [], "already_gone": []}
+        parts = [fs.stop, fs.backing_fs.destroy] if isinstance(fs, FaultFs) else [fs.destroy]
+        for part in parts:
+            for k, v in part().items():
+                done.setdefault(k, []).extend(v)
+        self.journal.append("stack.l2_fs.removed", **done)
 
     # --- endpoints ---------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ def test_wrong_type_names_the_value():
 def test_unknown_injector_lists_installed_ones():
     [p] = problems("name: x\nchaos:\n  faults:\n    - injector: kv_corupt\n").problems
     assert p.line == 4 and p.key == "chaos.faults[0].injector"
-    assert "did you mean 'kv_corrupt'" in p.message and "allowed values: kv_corrupt" in p.message
+    assert "did you mean 'kv_corrupt'" in p.message and "allowed values: disk, kv_corrupt" in p.message
 
 
 def test_bad_literal_lists_allowed_values():
@@ -105,7 +105,7 @@ def test_unreadable_file(tmp_path):
 def test_schema_includes_injector_params():
     schema = json_schema()
     fault = schema["$defs"]["FaultSpec"]["oneOf"]
-    assert [v["properties"]["injector"]["const"] for v in fault] == ["kv_corrupt", "model", "process", "store"]
+    assert [v["properties"]["injector"]["const"] for v in fault] == ["disk", "kv_corrupt", "model", "process", "store"]
     assert "Scenario" not in schema["$defs"] and schema["properties"]["workload"]
 
 

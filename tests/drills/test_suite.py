@@ -73,3 +73,11 @@ def test_a_suite_where_everything_held_exits_zero(tmp_path):
     assert outcome.exit_code == 0
     stopped = SuiteOutcome(suite_dir=tmp_path, entries=[SuiteEntry(path=Path("x"), loaded=None)], interrupted=True)
     assert stopped.exit_code == 3
+
+
+def test_a_drill_expected_to_leak_runs_last_on_its_stack(tmp_path):
+    leaky = tmp_path / "leaky.yaml"
+    leaky.write_text("name: leaky\nseed: 9\n" + BASE + "expect: {verdict: fail, failing_checks: [leaks]}\n")
+    entries, _ = load_all([leaky, scenario(tmp_path, "a"), scenario(tmp_path, "m", "{ref: sandbox-mooncake}"),
+                           scenario(tmp_path, "b", seed=2)])
+    assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["a", "b", "leaky", "m"]

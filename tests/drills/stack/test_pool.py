@@ -32,7 +32,7 @@ def pool(tmp_path):
 def test_the_reuse_flag_is_not_part_of_the_key():
     assert stack_key(StackSpec(reuse=False)) == stack_key(StackSpec())
     assert stack_key(StackSpec(ref="sandbox-mooncake")) != stack_key(StackSpec())
-    assert stack_key(StackSpec.model_validate({"lmcache": {"l1_size_gb": 1}})) != stack_key(StackSpec())
+    assert stack_key(StackSpec.model_validate({"lmcache": {"l1_size_gb": 2}})) != stack_key(StackSpec())
 
 
 def test_offer_explains_every_refusal(pool, tmp_path):
