@@ -111,7 +111,7 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text((outcome.suite_dir / "junit.xml").read_text())
     for e in outcome.entries:
-        held = "" if e.exit_code is None else ("ok" if e.exit_code == 0 else "NOT AS EXPECTED")
+        held = {None: "", 0: "ok", 1: "NOT AS EXPECTED"}.get(e.exit_code, f"exit {e.exit_code}")
         typer.echo(f"{e.verdict.upper():>8} {held:>15}  {e.path}  ({e.stack or 'not run'})")
     typer.echo(f"index: {outcome.suite_dir / 'index.md'}")
     raise typer.Exit(outcome.exit_code)
