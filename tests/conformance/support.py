@@ -1,0 +1,188 @@
+"""Test-side helpers for the Toxiproxy conformance suite: an API wrapper, local TCP servers, probes.
+
+Everything binds 127.0.0.1 and uses blocking sockets with timeouts, so the suite behaves the same
+against the Python server and a real Toxiproxy sharing the host's network (``TOXIPROXY_URL``).
+"""
+
+from __future__ import annotations
+
+import errno
+import queue
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from drills.stack.sandbox import free_port
+
+__all__ = ["Api", "EchoServer", "Upstream", "free_port", "connect", "assert_up", "recv_exact", "read_all",
+           "read_outcome", "proxy_addr"]
+
+
+class Api:
+    """Raw HTTP to the server under test (no kvdrill client, so the client cannot hide a divergence)."""
+
+    def __init__(self, url: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=10.0, trust_env=False, headers={"User-Agent": "kvdrill-conformance"})
+
+    def close(self) -> None:
+        self.http.close()
+
+    def create_proxy(self, name: str, upstream: str, listen: str = "127.0.0.1:0", **extra: Any) -> dict[str, Any]:
+        r = self.http.post("/proxies", json={"name": name, "listen": listen, "upstream": upstream, **extra})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def add_toxic(self, proxy: str, type: str, stream: str | None = None, name: str | None = None,
+                  toxicity: float | None = None, **attributes: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"type": type, "attributes": attributes}
+        for key, value in (("stream", stream), ("name", name), ("toxicity", toxicity)):
+            if value is not None:
+                body[key] = value
+        r = self.http.post(f"/proxies/{proxy}/toxics", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def update_toxic(self, proxy: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self.http.patch(f"/proxies/{proxy}/toxics/{name}", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def remove_toxic(self, proxy: str, name: str) -> None:
+        r = self.http.delete(f"/proxies/{proxy}/toxics/{name}")
+        assert r.status_code == 204, r.text
+
+    def set_enabled(self, proxy: str, enabled: bool) -> dict[str, Any]:
+        r = self.http.patch(f"/proxies/{proxy}", json={"enabled": enabled})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def proxies(self) -> dict[str, Any]:
+        r = self.http.get("/proxies")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def toxics(self, proxy: str) -> list[dict[str, Any]]:
+        r = self.http.get(f"/proxies/{proxy}/toxics")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def clear(self) -> None:
+        for name in self.proxies():
+            self.http.delete(f"/proxies/{name}")
+
+
+def proxy_addr(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def connect(listen: str, timeout: float = 5.0) -> socket.socket:
+    sock = socket.create_connection(proxy_addr(listen), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def assert_up(listen: str, up: bool) -> None:
+    """Go's AssertProxyUp: a connect succeeds, or is refused."""
+    try:
+        sock = connect(listen, timeout=2.0)
+    except ConnectionRefusedError:
+        assert not up, f"proxy at {listen} refused a connection"
+        return
+    sock.close()
+    assert up, f"proxy at {listen} accepted a connection"
+
+
+def recv_exact(sock: socket.socket, size: int, timeout: float = 5.0) -> bytes:
+    sock.settimeout(timeout)
+    data = bytearray()
+    while len(data) < size:
+        piece = sock.recv(size - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
+
+
+def read_all(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """Everything until EOF (raises on reset or timeout)."""
+    sock.settimeout(timeout)
+    data = bytearray()
+    while piece := sock.recv(65536):
+        data += piece
+    return bytes(data)
+
+
+def read_outcome(sock: socket.socket, timeout: float) -> tuple[bytes, str, float]:
+    """Read until the connection ends: (data, "eof" | "reset" | "timeout", seconds it took)."""
+    start = time.monotonic()
+    sock.settimeout(timeout)
+    data = bytearray()
+    try:
+        while piece := sock.recv(65536):
+            data += piece
+        outcome = "eof"
+    except ConnectionResetError:
+        outcome = "reset"
+    except OSError as exc:
+        if isinstance(exc, socket.timeout) or exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            outcome = "timeout"
+        else:
+            raise
+    return bytes(data), outcome, time.monotonic() - start
+
+
+class Upstream:
+    """A listener whose accepted sockets are handed to the test (Go's testhelper.Upstream)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections: queue.Queue[socket.socket] = queue.Queue()
+        self._accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._accepted.append(conn)
+            self.connections.put(conn)
+
+    def accept(self, timeout: float = 5.0) -> socket.socket:
+        return self.connections.get(timeout=timeout)
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self._accepted:
+            conn.close()
+
+
+class EchoServer(Upstream):
+    """Echoes every connection, each in its own thread; closes when the client does."""
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._accepted.append(conn)
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        try:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            conn.close()
