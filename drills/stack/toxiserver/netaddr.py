@@ -100,7 +100,8 @@ async def bind(addr: str) -> tuple[socket.socket, str]:
     shown = join(ip, port) if ip else f":{port}"
     wildcard = ip in ("", "0.0.0.0", "::")
     family = socket.AF_INET6 if wildcard or ":" in ip else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio only disables Nagle on accepted sockets whose proto is IPPROTO_TCP
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # Go sets it on every listener
         if wildcard:
@@ -118,7 +119,7 @@ async def bind(addr: str) -> tuple[socket.socket, str]:
 
 
 def _bind_v4_wildcard(port: int, shown: str) -> tuple[socket.socket, str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("0.0.0.0", port))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 
 from drills.stack.toxiserver import errors, netaddr
 from drills.stack.toxiserver.link import Link
@@ -151,6 +152,8 @@ class Proxy:
         self._connections[client + UPSTREAM] = up_writer
         self._connections[client + DOWNSTREAM] = writer
         sockets = (writer.get_extra_info("socket"), up_writer.get_extra_info("socket"))
+        for sock in sockets:
+            _no_delay(sock)
         for direction, source, dest in ((UPSTREAM, reader, up_writer), (DOWNSTREAM, up_reader, writer)):
             link = Link(client + direction, direction, source, dest, sockets, self._rng,
                         on_finished=self._link_finished, on_read_done=self._link_read,
@@ -167,6 +170,16 @@ class Proxy:
     def _link_read(self, link: Link, received: int) -> None:
         if self._metrics is not None:
             self._metrics.add(RECEIVED, link.labels, received)
+
+
+def _no_delay(sock: socket.socket | None) -> None:
+    """Go disables Nagle on every TCP connection; without it a small write after a big one waits
+    for the peer's delayed ACK (+40 ms)."""
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:
