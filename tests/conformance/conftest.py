@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.support import Api
+from tests.conformance.support import OPEN_SOCKETS, Api
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 20261130
@@ -22,11 +22,14 @@ SEED = 20261130
 
 def start_python_server(*extra: str) -> tuple[subprocess.Popen[bytes], str, Path]:
     """Start ``python -m drills.stack.toxiproxy_server`` on port 0; the URL comes from its first line."""
-    log = Path(tempfile.mkstemp(prefix="toxiproxy-server-", suffix=".log")[1])
+    fd, name = tempfile.mkstemp(prefix="toxiproxy-server-", suffix=".log")
+    log = Path(name)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-m", "drills.stack.toxiproxy_server", "--host", "127.0.0.1",
-                             "--port", "0", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=log.open("wb"))
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "drills.stack.toxiproxy_server", "--host", "127.0.0.1",
+                                 "--port", "0", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=fd)
+    finally:
+        os.close(fd)  # the child has its own copy
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
     line = b""
@@ -85,3 +88,10 @@ def api(_session_api: Api) -> Iterator[Api]:
     _session_api.clear()
     yield _session_api
     _session_api.clear()
+
+
+@pytest.fixture(autouse=True)
+def close_client_sockets() -> Iterator[None]:
+    yield
+    while OPEN_SOCKETS:
+        OPEN_SOCKETS.pop().close()

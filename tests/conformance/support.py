@@ -79,9 +79,13 @@ def proxy_addr(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+OPEN_SOCKETS: list[socket.socket] = []  # closed after each test by the conftest
+
+
 def connect(listen: str, timeout: float = 5.0) -> socket.socket:
     sock = socket.create_connection(proxy_addr(listen), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    OPEN_SOCKETS.append(sock)
     return sock
 
 
