@@ -7,18 +7,63 @@ against the Python server and a real Toxiproxy sharing the host's network (``TOX
 from __future__ import annotations
 
 import errno
+import os
 import queue
+import select
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from drills.stack.sandbox import free_port
 
 __all__ = ["Api", "EchoServer", "Upstream", "free_port", "connect", "assert_up", "recv_exact", "read_all",
-           "read_outcome", "proxy_addr"]
+           "read_outcome", "proxy_addr", "start_python_server", "stop_server"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_python_server(*extra: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start ``python -m drills.stack.toxiproxy_server`` on port 0; the URL comes from its first line."""
+    fd, name = tempfile.mkstemp(prefix="toxiproxy-server-", suffix=".log")
+    log = Path(name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "drills.stack.toxiproxy_server", "--host", "127.0.0.1",
+                                 "--port", "0", *extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=fd)
+    finally:
+        os.close(fd)  # the child has its own copy
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 20
+    line = b""
+    while not line.endswith(b"\n") and time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line += os.read(proc.stdout.fileno(), 1)
+    if not line.startswith(b"listening on "):
+        stop_server(proc)
+        pytest.fail(f"toxiproxy_server did not start: {line!r}\n{log.read_text()[-2000:]}")
+    return proc, "http://" + line.split()[-1].decode(), log
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM by pid, SIGKILL if it is still there after 5 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 class Api:
