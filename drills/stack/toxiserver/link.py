@@ -23,6 +23,7 @@ from drills.stack.toxiserver.toxics import Toxic, noop
 log = logging.getLogger(__name__)
 
 WRITE_HIGH_WATER = 64 * 1024  # drain above this: asyncio's own pause threshold
+DIRECT_READ = 256 * 1024  # read size while no toxic sits between source and destination
 FAIRNESS_EVERY = 8  # chunks read before yielding: read() and put() do not yield while data/space is there
 REMOVE_FLUSH_TIMEOUT = 5.0  # Go's WriteOutput deadline while flushing a removed toxic
 
@@ -30,8 +31,9 @@ REMOVE_FLUSH_TIMEOUT = 5.0  # Go's WriteOutput deadline while flushing a removed
 class Head:
     """Reads the source socket into the chain; ``pause`` waits until it is not mid-write."""
 
-    def __init__(self, reader: asyncio.StreamReader, output: Outlet) -> None:
+    def __init__(self, reader: asyncio.StreamReader, output: Outlet, sink: Outlet) -> None:
         self.output = output
+        self.sink = sink
         self.closed = False
         self.received = 0
         self._reader = reader
@@ -42,16 +44,23 @@ class Head:
         reader, count = self._reader, 0
         try:
             while True:
+                # Chunks entering toxics are at most 32 KiB, as in Go; straight to the socket, bigger
+                # reads cost less per byte (a toxic added meanwhile waits for this read's write).
+                size = DIRECT_READ if self.output is self.sink else CHUNK_SIZE
                 try:
-                    data = await reader.read(CHUNK_SIZE)
+                    data = await reader.read(size)
                 except OSError:
                     data = b""
                 if not data:
                     break
                 self.received += len(data)
-                chunk = Chunk(data, loop.time())
+                now = loop.time()
                 async with self._lock:
-                    await self.output.put(chunk)
+                    if len(data) > CHUNK_SIZE and self.output is not self.sink:  # a toxic arrived during the read
+                        for start in range(0, len(data), CHUNK_SIZE):
+                            await self.output.put(Chunk(data[start:start + CHUNK_SIZE], now))
+                    else:
+                        await self.output.put(Chunk(data, now))
                 count += 1
                 if count % FAIRNESS_EVERY == 0:
                     await asyncio.sleep(0)
@@ -135,7 +144,7 @@ class Link:
         self._on_finished = on_finished
         self._on_read_done = on_read_done
         self.sink = Sink(dest, self._sink_closed)
-        self.head = Head(source, self.sink)
+        self.head = Head(source, self.sink, self.sink)
         self._head_task: asyncio.Task[None] | None = None
 
     def start(self, chain: list[Toxic]) -> None:

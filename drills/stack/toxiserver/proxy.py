@@ -21,7 +21,7 @@ from drills.stack.toxiserver.toxics import DOWNSTREAM, UPSTREAM, Toxic
 
 log = logging.getLogger(__name__)
 
-STREAM_LIMIT = 128 * 1024  # asyncio reader buffer per socket: reads pause above twice this
+STREAM_LIMIT = 256 * 1024  # asyncio reader buffer per socket: reads pause above twice this
 
 
 class AlreadyStarted(Exception):
