@@ -67,6 +67,8 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hand
             conn.start_next_cycle()
     except (OSError, asyncio.TimeoutError, h11.LocalProtocolError):
         pass
+    except asyncio.CancelledError:
+        pass  # server shutdown: asyncio would log a cancelled connection callback as an error
     except Exception:
         log.exception("HTTP connection failed")
     finally:
