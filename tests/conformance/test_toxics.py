@@ -12,6 +12,7 @@ suite shares 2 cores with other work.
 from __future__ import annotations
 
 import math
+import random
 import socket
 import statistics
 import threading
@@ -592,6 +593,55 @@ def test_no_data_dropped(api: Api, upstream: Upstream):
     assert toggles >= 3, "the toxic never came and went during the stream"
     assert len(data) == 2 * count
     assert all(int.from_bytes(data[2 * i:2 * i + 2], "big") == i for i in range(count))
+
+
+def test_no_data_dropped_under_random_chain_changes(api: Api, echo: EchoServer):
+    """TestNoDataDropped for every pass-through toxic: while two connections echo 4 MB each, toxics of
+    all kinds are added, updated (re-rolling toxicity) and removed on both streams; every byte comes
+    back, in order."""
+    proxy = api.create_proxy("test", echo.addr)
+    kinds = [("latency", {"latency": 5, "jitter": 3}), ("slicer", {"average_size": 700, "size_variation": 300, "delay": 20}),
+             ("bandwidth", {"rate": 50000}), ("noop", {}), ("limit_data", {"bytes": 10**9}), ("slow_close", {"delay": 5})]
+    rng = random.Random(5)
+    payloads = [rng.randbytes(4_000_000) for _ in range(2)]
+    socks = [connect(proxy["listen"]) for _ in payloads]
+    received: list[bytes] = [b"", b""]
+
+    def pump(i: int) -> None:
+        def write() -> None:
+            for start in range(0, len(payloads[i]), 64 * 1024):
+                socks[i].sendall(payloads[i][start:start + 64 * 1024])
+                time.sleep(0.002)  # keep data in flight while the chain changes
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        received[i] = recv_exact(socks[i], len(payloads[i]), timeout=30)
+        writer.join(30)
+
+    pumps = [threading.Thread(target=pump, args=(i,), daemon=True) for i in range(2)]
+    for t in pumps:
+        t.start()
+    live: dict[str, str] = {}
+    ops = 0
+    while ops < 40 or any(t.is_alive() for t in pumps):
+        if ops > 2000:
+            break
+        roll = rng.random()
+        if roll < 0.5 or not live:
+            kind, attrs = rng.choice(kinds)
+            name = f"t{ops}"
+            api.add_toxic("test", kind, stream=rng.choice(["upstream", "downstream"]), name=name,
+                          toxicity=rng.choice([1, 0.5]), **attrs)
+            live[name] = kind
+        elif roll < 0.7:
+            api.update_toxic("test", rng.choice(list(live)), {"toxicity": rng.choice([0, 0.5, 1])})
+        else:
+            name = rng.choice(list(live))
+            api.remove_toxic("test", name)
+            del live[name]
+        ops += 1
+    for t in pumps:
+        t.join(30)
+    assert received == payloads, [len(r) for r in received]
 
 
 def test_toxicity(api: Api, upstream: Upstream):
