@@ -31,7 +31,7 @@ REMOVE_FLUSH_TIMEOUT = 5.0  # Go's WriteOutput deadline while flushing a removed
 class Head:
     """Reads the source socket into the chain; ``pause`` waits until it is not mid-write."""
 
-    def __init__(self, reader: asyncio.StreamReader, output: Outlet, sink: Outlet) -> None:
+    def __init__(self, reader: asyncio.StreamReader, output: Outlet, sink: Sink) -> None:
         self.output = output
         self.sink = sink
         self.closed = False
@@ -55,12 +55,19 @@ class Head:
                     break
                 self.received += len(data)
                 now = loop.time()
+                backlog = False
                 async with self._lock:
-                    if len(data) > CHUNK_SIZE and self.output is not self.sink:  # a toxic arrived during the read
+                    if self.output is self.sink:
+                        backlog = self.sink.write(Chunk(data, now))
+                    elif len(data) > CHUNK_SIZE:  # a toxic arrived during a big read
                         for start in range(0, len(data), CHUNK_SIZE):
                             await self.output.put(Chunk(data[start:start + CHUNK_SIZE], now))
                     else:
                         await self.output.put(Chunk(data, now))
+                if backlog:
+                    # Waiting for the destination outside the lock: a toxic can be added while a peer
+                    # is not reading (Go's AddToxic would block until it reads).
+                    await self.sink.drain()
                 count += 1
                 if count % FAIRNESS_EVERY == 0:
                     await asyncio.sleep(0)
@@ -95,20 +102,27 @@ class Sink:
         self._on_closed = on_closed
 
     async def put(self, chunk: Chunk) -> None:
+        if self.write(chunk):
+            await self.drain()
+
+    def write(self, chunk: Chunk) -> bool:
+        """Hand the bytes to the socket; True if the caller should ``drain`` before writing more."""
         if self.closed or self.failed or not chunk.data:
-            return
+            return False
         if self._transport.is_closing():
             self.failed = True  # Go: write on a closed conn fails and the writer gives up
             self.close()
-            return
+            return False
         self._transport.write(chunk.data)
         self.sent += len(chunk.data)
-        if self._transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-            try:
-                await self._writer.drain()
-            except Exception:
-                self.failed = True
-                self.close()
+        return self._transport.get_write_buffer_size() > WRITE_HIGH_WATER
+
+    async def drain(self) -> None:
+        try:
+            await self._writer.drain()
+        except Exception:
+            self.failed = True
+            self.close()
 
     def close(self) -> None:
         if not self.closed:
@@ -230,6 +244,9 @@ class Link:
                 stub.close()
                 await asyncio.wait({stopping})
                 del self.stubs[index]
+                if stopping.result():  # only if the link was reaped meanwhile; never leave a stage paused
+                    previous.output = stub.output
+                    self._resume(previous)
                 return
             await self._forward(stub, item)
         while (item := stub.input.pop()) is not EMPTY:

@@ -20,7 +20,9 @@ class AddrError(Exception):
 
 
 def split_host_port(addr: str) -> tuple[str, str]:
-    """Go's ``net.SplitHostPort``: ``host:port`` or ``[v6]:port``."""
+    """Go's ``net.SplitHostPort``: ``host:port`` or ``[v6]:port``; Go's resolver reads "" as ``:0``."""
+    if addr == "":
+        return "", ""
     if addr.startswith("["):
         end = addr.find("]")
         if end < 0:

@@ -62,6 +62,7 @@ def test_split_host_port_errors_read_like_go():
 async def test_resolve_and_bind_report_go_addresses():
     assert await netaddr.resolve("localhost:7070") == "127.0.0.1:7070"
     assert await netaddr.resolve(":7070") == ":7070"
+    assert await netaddr.resolve("") == ":0"  # Go listens on every address, any port, for ""
     sock, address = await netaddr.bind("localhost:0")
     try:
         assert address.startswith("127.0.0.1:") and not address.endswith(":0")
