@@ -192,39 +192,50 @@ class Upstream:
         self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.connections: queue.Queue[socket.socket] = queue.Queue()
         self._accepted: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept_loop, daemon=True).start()
 
-    def _accept(self) -> None:
+    def _accept_loop(self) -> None:
         while True:
             try:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._accepted.append(conn)
-            self.connections.put(conn)
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass  # reset before it was accepted (reset_peer tests)
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._accepted.append(conn)
+            self._handle(conn)
+
+    def _handle(self, conn: socket.socket) -> None:
+        self.connections.put(conn)
 
     def accept(self, timeout: float = 5.0) -> socket.socket:
         return self.connections.get(timeout=timeout)
 
     def close(self) -> None:
-        self.listener.close()
-        for conn in self._accepted:
-            conn.close()
+        with self._lock:
+            self._closed = True
+            try:
+                self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread (close alone does not)
+            except OSError:
+                pass
+            self.listener.close()
+            for conn in self._accepted:
+                conn.close()
 
 
 class EchoServer(Upstream):
     """Echoes every connection, each in its own thread; closes when the client does."""
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._accepted.append(conn)
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+    def _handle(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
 
     @staticmethod
     def _echo(conn: socket.socket) -> None:

@@ -12,12 +12,13 @@ suite shares 2 cores with other work.
 from __future__ import annotations
 
 import math
+import queue
 import random
 import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -64,6 +65,17 @@ def ms(seconds: float) -> float:
     return seconds * 1000
 
 
+def timed(measure: Callable[[], float], low: float, high: float, what: str, attempts: int = 3) -> float:
+    """``measure()`` (seconds) must never be below ``low``; above ``high`` it is measured again, up to
+    ``attempts`` times: a busy machine delays a one-shot timing but never advances it."""
+    for _ in range(attempts):
+        elapsed = measure()
+        assert elapsed >= low, f"{what} after {ms(elapsed):.0f} ms: earlier than {ms(low):.0f} ms"
+        if elapsed <= high:
+            return elapsed
+    raise AssertionError(f"{what} after {ms(elapsed):.0f} ms, later than {ms(high):.0f} ms in {attempts} tries")
+
+
 # --- latency (toxics/latency_test.go) -----------------------------------------------------------------
 
 
@@ -97,12 +109,11 @@ def test_latency(api: Api, upstream: Upstream, up: int | None, down: int | None)
         client.sendall(message)
         assert read_line(server) == message
         upward = ms(time.monotonic() - start)
+        middle = time.monotonic()  # before the send: the proxy may read its start before sendall returns
         server.sendall(message)
-        middle = time.monotonic()
         assert read_line(client) == message
         downward = ms(time.monotonic() - middle)
-        # never early (2 ms of slack: the proxy may read the start of a 32 KiB send before sendall returns)
-        assert upward >= (up or 0) - 2 and downward >= (down or 0) - 2, (upward, downward)
+        assert upward >= (up or 0) - 0.5 and downward >= (down or 0) - 0.5, (upward, downward)  # never early
         if upward - (up or 0) <= 10 and downward - (down or 0) <= 10:
             break
     assert upward - (up or 0) <= 10, f"server read after {upward:.1f} ms, expected {up or 0}"
@@ -167,6 +178,8 @@ def read_all_quietly(sock: socket.socket) -> None:
         read_all(sock)
     except OSError:
         pass
+    finally:
+        sock.close()
 
 
 def test_removing_latency_flushes_held_data(api: Api, upstream: Upstream):
@@ -222,10 +235,12 @@ def test_latency_toxic_bandwidth(api: Api, upstream: Upstream):
         except OSError:
             pass
 
+    # The toxic goes in before the stream starts: through HTTP, adding it to a link whose reader has
+    # stopped would block in Go until the reader reads (see the next test).
+    api.add_toxic("test", "latency", latency=100)
     writer = threading.Thread(target=write_forever, daemon=True)
     writer.start()
     try:
-        api.add_toxic("test", "latency", latency=100)
         time.sleep(0.15)
         start = time.monotonic()
         count = sum(len(recv_exact(client, len(payload))) for _ in range(100))
@@ -237,6 +252,36 @@ def test_latency_toxic_bandwidth(api: Api, upstream: Upstream):
         writer.join(5)
     assert count == 100 * len(payload)
     assert count / elapsed >= 10e6, f"{count / elapsed / 1e6:.1f} MB/s through a 100 ms latency toxic"
+
+
+def test_toxic_can_be_added_while_the_receiver_is_not_reading(api: Api, upstream: Upstream, python_server: bool):
+    """kvdrill's server rewires a link whose destination is backpressured; Go's AddToxic waits for the
+    blocked write (its noop stub cannot be interrupted mid-send), so this is checked on it only."""
+    if not python_server:
+        pytest.skip("real Toxiproxy blocks chain changes while a link's write is blocked")
+    client, server, _ = established(api, upstream)
+    stop = threading.Event()
+
+    def flood() -> None:
+        try:
+            while not stop.is_set():
+                server.sendall(b"z" * 65536)
+        except OSError:
+            pass
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(0.2)  # every buffer between server and client is full now
+        start = time.monotonic()
+        api.add_toxic("test", "latency", latency=10)
+        assert time.monotonic() - start < 1
+        assert len(recv_exact(client, 1 << 20, timeout=5)) == 1 << 20  # and the stream still flows
+    finally:
+        stop.set()
+        client.close()
+        server.close()
+        flooder.join(5)
 
 
 # --- bandwidth (toxics/bandwidth_test.go) ---------------------------------------------------------------
@@ -278,8 +323,10 @@ def test_bandwidth_toxic(api: Api, upstream: Upstream):
         total = marks[-1][0]
         t0, b0 = next(mark for mark in marks if mark[0] >= 0.1)
         measured = (len(payload) - b0) / (total - t0)
-        assert total >= 0.95 * expected and measured <= 1.05 * rate * 1000, (total, measured)
-        if total <= 1.05 * expected and measured >= 0.95 * rate * 1000:
+        # Never early overall; after a stall the debt-based pacing catches up (as in Go), so a late
+        # transfer can show a rate above the target after 100 ms: measure again then.
+        assert total >= 0.95 * expected, f"{ms(total):.0f} ms for {len(payload)} B: too fast"
+        if total <= 1.05 * expected and abs(measured - rate * 1000) <= 0.05 * rate * 1000:
             break
     assert abs(total - expected) <= 0.05 * expected, f"{ms(total):.0f} ms for {len(payload)} B, expected {ms(expected):.0f}"
     assert abs(measured - rate * 1000) <= 0.05 * rate * 1000, f"{measured / 1000:.0f} KB/s after 100 ms"
@@ -329,17 +376,20 @@ def test_remove_toxic_with_broken_connection(api: Api, upstream: Upstream):
 
 def test_slow_close_delays_the_close(api: Api, upstream: Upstream):
     """slow_close delay=150: data passes at once, the close reaches the client 150 ms later."""
-    client, server, _ = established(api, upstream)
+    proxy = api.create_proxy("test", upstream.addr)
     api.add_toxic("test", "slow_close", stream="downstream", delay=150)
-    start = time.monotonic()
-    server.sendall(b"bye")
-    server.close()
-    assert recv_exact(client, 3, timeout=1) == b"bye"
-    assert time.monotonic() - start < 0.1
-    data, outcome, _ = read_outcome(client, timeout=2)
-    elapsed = time.monotonic() - start
-    assert (data, outcome) == (b"", "eof")
-    assert 0.145 <= elapsed <= 0.21, f"closed after {ms(elapsed):.0f} ms"
+
+    def measure() -> float:
+        client = connect(proxy["listen"])
+        server = upstream.accept()
+        start = time.monotonic()
+        server.sendall(b"bye")
+        server.close()
+        assert recv_exact(client, 3, timeout=1) == b"bye"
+        assert read_outcome(client, timeout=2)[:2] == (b"", "eof")
+        return time.monotonic() - start
+
+    timed(measure, 0.145, 0.21, "closed")
 
 
 # --- timeout (toxics/timeout_test.go) -----------------------------------------------------------------
@@ -371,26 +421,37 @@ def test_timeout_drops_data_then_closes(api: Api, upstream: Upstream):
     """timeout=200 on a new connection: no data gets through, EOF 200 ms after the last dropped chunk."""
     proxy = api.create_proxy("test", upstream.addr)
     api.add_toxic("test", "timeout", stream="downstream", timeout=200)
-    client = connect(proxy["listen"])
-    server = upstream.accept()
-    server.sendall(b"never delivered")
-    start = time.monotonic()
-    data, outcome, _ = read_outcome(client, timeout=2)
-    elapsed = time.monotonic() - start
-    assert (data, outcome) == (b"", "eof")
-    assert 0.19 <= elapsed <= 0.26, f"EOF after {ms(elapsed):.0f} ms"
-    assert read_outcome(server, timeout=1)[:2] == (b"", "eof")  # the other side is closed too
+
+    def measure() -> float:
+        client = connect(proxy["listen"])
+        server = upstream.accept()
+        server.sendall(b"never delivered")
+        start = time.monotonic()
+        assert read_outcome(client, timeout=2)[:2] == (b"", "eof")
+        elapsed = time.monotonic() - start
+        assert read_outcome(server, timeout=1)[:2] == (b"", "eof")  # the other side is closed too
+        return elapsed
+
+    timed(measure, 0.19, 0.26, "EOF")
 
 
 def test_timeout_added_to_idle_connection_starts_its_timer(api: Api, upstream: Upstream):
     """A timeout toxic added while nothing flows still closes the connection after its timeout."""
-    client, _, _ = established(api, upstream)
-    start = time.monotonic()
-    api.add_toxic("test", "timeout", stream="downstream", timeout=150)
-    data, outcome, _ = read_outcome(client, timeout=2)
-    elapsed = time.monotonic() - start
-    assert (data, outcome) == (b"", "eof")
-    assert 0.14 <= elapsed <= 0.21, f"EOF after {ms(elapsed):.0f} ms"
+    proxy = api.create_proxy("test", upstream.addr)
+
+    def measure() -> float:
+        client = connect(proxy["listen"])
+        server = upstream.accept()
+        client.sendall(b"up")
+        assert recv_exact(server, 2) == b"up"
+        start = time.monotonic()
+        api.add_toxic("test", "timeout", stream="downstream", timeout=150)
+        assert read_outcome(client, timeout=2)[:2] == (b"", "eof")
+        elapsed = time.monotonic() - start
+        api.remove_toxic("test", "timeout_downstream")
+        return elapsed
+
+    timed(measure, 0.14, 0.21, "EOF")
 
 
 def test_timeout_zero_is_a_blackhole(api: Api, upstream: Upstream):
@@ -405,48 +466,54 @@ def test_timeout_zero_is_a_blackhole(api: Api, upstream: Upstream):
 # --- reset_peer (toxics/reset_peer_test.go) -----------------------------------------------------------
 
 
-def reset_tcp_helper(api: Api, upstream: Upstream, stream: str, timeout: int) -> float:
+def reset_tcp_helper(api: Api, upstream: Upstream, stream: str, timeout: int, low: float, high: float) -> None:
     """Go's resetTCPHelper + checkConnectionState: ECONNRESET on the first read, then EOF."""
     proxy = api.create_proxy("test", upstream.addr)
     api.add_toxic("test", "reset_peer", stream=stream, name="resettcp", timeout=timeout)
     message = b"reset toxic payload\n"
 
     def serve() -> None:
-        server = upstream.accept()
+        try:
+            server = upstream.accept()
+        except queue.Empty:  # an upstream reset can beat the server to its accept()
+            return
         try:
             if read_line(server) == message:
                 server.sendall(message)
         except OSError:
             pass
+        finally:
+            server.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    start = time.monotonic()
-    client = connect(proxy["listen"])
-    client.sendall(message)
-    client.settimeout(2)
-    with pytest.raises(ConnectionResetError):
-        client.recv(1000)
-    elapsed = time.monotonic() - start
-    assert client.recv(1000) == b""  # after the reset: EOF
-    client.close()
-    return elapsed
+    def measure() -> float:
+        threading.Thread(target=serve, daemon=True).start()
+        start = time.monotonic()
+        client = connect(proxy["listen"])
+        client.sendall(message)
+        client.settimeout(2)
+        with pytest.raises(ConnectionResetError):
+            client.recv(1000)
+        elapsed = time.monotonic() - start
+        assert client.recv(1000) == b""  # after the reset: EOF
+        client.close()
+        return elapsed
+
+    timed(measure, low, high, "reset")
 
 
 def test_reset_toxic_no_timeout(api: Api, upstream: Upstream):
     """TestResetToxicNoTimeout"""
-    assert reset_tcp_helper(api, upstream, "upstream", 0) < 0.1
+    reset_tcp_helper(api, upstream, "upstream", 0, 0.0, 0.1)
 
 
 def test_reset_toxic_with_timeout(api: Api, upstream: Upstream):
-    """TestResetToxicWithTimeout"""
-    elapsed = reset_tcp_helper(api, upstream, "upstream", 100)
-    assert 0.095 <= elapsed <= 0.21, f"reset after {ms(elapsed):.0f} ms"  # Go: 100 ms ± 110
+    """TestResetToxicWithTimeout (Go: 100 ms ± 110)"""
+    reset_tcp_helper(api, upstream, "upstream", 100, 0.095, 0.21)
 
 
 def test_reset_toxic_with_timeout_downstream(api: Api, upstream: Upstream):
     """TestResetToxicWithTimeoutDownstream"""
-    elapsed = reset_tcp_helper(api, upstream, "downstream", 100)
-    assert 0.095 <= elapsed <= 0.21, f"reset after {ms(elapsed):.0f} ms"
+    reset_tcp_helper(api, upstream, "downstream", 100, 0.095, 0.21)
 
 
 def test_reset_peer_on_an_open_connection_closes_with_fin(api: Api, upstream: Upstream):
@@ -654,7 +721,8 @@ def test_toxicity(api: Api, upstream: Upstream):
     start = time.monotonic()
     server.sendall(b"\x2a")
     data, outcome, _ = read_outcome(client, timeout=1)
-    assert (data, outcome) == (b"", "eof") and time.monotonic() - start < 0.15
+    assert (data, outcome) == (b"", "eof")
+    assert 0.099 <= time.monotonic() - start < 0.2  # Go: within 150 ms; 50 ms more for a busy machine
 
 
 def test_toxicity_fraction_of_connections(api: Api, echo: EchoServer):
