@@ -61,7 +61,7 @@ async def populate_config(api: ToxiproxyAPI, path: str) -> None:
         log.error("Error reading config file %s: %s", path, exc)
         return
     try:
-        entries = api._populate_entries(httpd.Request("POST", "/populate", {}, body))
+        entries = api.populate_entries(httpd.Request("POST", "/populate", {}, body))
         for entry in entries:
             proxy = api.collection.new(entry["name"], entry["listen"], entry["upstream"])
             await api.collection.add_or_replace(proxy, entry["enabled"])

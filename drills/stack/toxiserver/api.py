@@ -177,7 +177,7 @@ class ToxiproxyAPI:
         created: list[Proxy] = []
         failure: ApiError | None = None
         try:
-            entries = self._populate_entries(request)
+            entries = self.populate_entries(request)
             for entry in entries:
                 proxy = self.collection.new(entry["name"], entry["listen"], entry["upstream"])
                 created.append(await self.collection.add_or_replace(proxy, entry["enabled"]))
@@ -187,7 +187,7 @@ class ToxiproxyAPI:
         body["proxies"] = [p.to_json() for p in created] or None  # Go marshals an empty slice as null
         return _json(failure.status if failure else 201, body)
 
-    def _populate_entries(self, request: Request) -> list[dict[str, Any]]:
+    def populate_entries(self, request: Request) -> list[dict[str, Any]]:
         value = _body(request)
         if value is None:
             return []

@@ -45,7 +45,7 @@ class Head:
         try:
             while True:
                 # Chunks entering toxics are at most 32 KiB, as in Go; straight to the socket, bigger
-                # reads cost less per byte (a toxic added meanwhile waits for this read's write).
+                # reads cost less per byte (one read when a toxic arrives meanwhile is split below).
                 size = DIRECT_READ if self.output is self.sink else CHUNK_SIZE
                 try:
                     data = await reader.read(size)
