@@ -439,7 +439,7 @@ class Runner:
             if not problems:
                 self.reused_from = list(live.runs)
                 self.journal.append("stack.reused", stack_dir=str(live.home), from_runs=live.runs, reason=why,
-                                    services=live.stack.services_now())
+                                    services=live.stack.services_now(), reset=await live.stack.reset_for_reuse())
                 self._link_stack(live.home)
                 return live.stack
             why = f"the running stack is unhealthy ({problems})"

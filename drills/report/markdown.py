@@ -61,6 +61,7 @@ def markdown(doc: dict[str, Any], history: History) -> str:
                    f"{f' ({rate:.0%})' if rate is not None else ''} | {r['lmcache_l1_hit_tokens']:.0f} / "
                    f"{r['lmcache_l2_hit_tokens']:.0f} | {r['vllm_external_hits']:.0f}/{r['vllm_external_queries']:.0f} | "
                    f"{r['vllm_apc_hits']:.0f}/{r['vllm_apc_queries']:.0f} |")
+    out += _fallback_section(history)
     out += _latency_section(history)
     out += ["", "## Faults", ""]
     for f in doc["faults"]:
@@ -113,6 +114,31 @@ def markdown(doc: dict[str, Any], history: History) -> str:
     if doc["journal_problems"]:
         out += ["## Journal problems", ""] + [f"- {p}" for p in doc["journal_problems"]] + [""]
     return "\n".join(out)
+
+
+def _fallback_section(history: History) -> list[str]:
+    """What the engine did while the faults held: served from the cache, recomputed, failed, or hung."""
+    from drills.checkers.base import RunView
+
+    view = RunView(history)
+    chaos = view.phase_responses("chaos")
+    if not chaos:
+        return []
+    ok = [e for e in chaos if e.data.get("ok")]
+    right = [e for e in ok if view.correct(e)]
+    cached = [e for e in right if (e.data.get("cached_tokens") or 0) > 0]
+    kinds: dict[str, int] = {}
+    for e in chaos:
+        if not e.data.get("ok"):
+            kinds[e.data.get("error_kind") or "error"] = kinds.get(e.data.get("error_kind") or "error", 0) + 1
+    slowest = max((e.data.get("latency_s") or 0 for e in chaos), default=0)
+    parts = [f"{len(cached)} correct with cached tokens", f"{len(right) - len(cached)} correct without (recomputed)"]
+    if len(ok) > len(right):
+        parts.append(f"**{len(ok) - len(right)} wrong**")
+    parts += [f"**{n} {kind}**" for kind, n in sorted(kinds.items())]
+    return ["", "## Engine behaviour while the faults held", "",
+            f"{len(chaos)} chaos requests: " + ", ".join(parts) + f"; slowest {slowest:.1f}s "
+            "(`cached_tokens` is vLLM's count: its own prefix cache plus the connector's)."]
 
 
 def _ms(v: float | None) -> str:

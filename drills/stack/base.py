@@ -35,6 +35,10 @@ class ProcessStack:
     async def down(self) -> None:
         raise NotImplementedError
 
+    async def reset_for_reuse(self) -> dict[str, Any]:
+        """Make a healthy stack fit for the next drill of a suite (nothing by default)."""
+        return {}
+
     async def store_mark(self) -> Any:
         """Whatever :meth:`wait_for_stores` needs to tell this drill's stores from earlier ones (a reused
         stack already holds other drills' KV); None where the stores are checked chunk by chunk."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from drills.pins import REPO_ROOT, stack_python, stack_venv
 from drills.stack.base import ProcessStack
 from drills.stack.netns import NetNamespace
 from drills.stack.process import StackError
-from drills.stack.sandbox import SERVED_MODEL, free_port, render_services
+from drills.stack.sandbox import SERVED_MODEL, free_port, render_services, write_toxiproxy_config
 from drills.triggers import StoreProbe
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-mooncake" / "stack.yaml"
@@ -35,10 +36,11 @@ SHIM_DIR = Path(__file__).with_name("vllm_shims")
 
 # inside the namespace every port is free, so these are fixed; only the baseline (host) gets a free port
 NETNS_PORTS = {"master_rpc": 50051, "master_metrics": 9003, "master_http_metadata": 8080,
+               "toxiproxy": 8474, "master_rpc_proxy": 50061,
                "store_a_rpc": 50052, "store_a_http": 9300, "store_b_rpc": 50053, "store_b_http": 9301,
                "engine": 8000}
 HTTP_PORT_OF = {"engine": "engine", "mooncake-master": "master_metrics", "store-a": "store_a_http",
-                "store-b": "store_b_http"}
+                "store-b": "store_b_http", "toxiproxy": "toxiproxy"}
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,9 @@ class MooncakeStack(ProcessStack):
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def lmcache_config_doc(self) -> dict[str, Any]:
-        master = f"127.0.0.1:{self.ports['master_rpc']}"
+        # the engine reaches the master through the stack's Toxiproxy (proxy `mooncake-master`); the
+        # contributors register with the master directly
+        master = f"127.0.0.1:{self.ports['master_rpc_proxy']}"
         return {
             "chunk_size": self.options.chunk_size,
             "local_cpu": False,
@@ -145,6 +149,8 @@ class MooncakeStack(ProcessStack):
         variables = {
             "venv": venv, "bin": venv / "bin", "model_dir": self.model_dir, "served_model": SERVED_MODEL,
             "dtype": self.pins.dtype, "shim_dir": SHIM_DIR, "lmcache_config": self.lmcache_config,
+            "kvdrill_python": sys.executable,
+            "toxiproxy_config": write_toxiproxy_config(self.run_dir / "stack", self.proxies),
             "netns": self.netns.name, "ns_addr": self.netns.ns_addr,
             **{f"port_{k}": v for k, v in self.ports.items()},
             "client_ttl": opts.client_ttl, "segment_size": opts.segment_size,
@@ -184,6 +190,16 @@ class MooncakeStack(ProcessStack):
                 self.journal.append("netns.deleted", name=self.netns.name, **done)
 
     # --- endpoints ---------------------------------------------------------------------------------
+
+    @property
+    def toxiproxy_url(self) -> str:
+        return self.url("toxiproxy")
+
+    @property
+    def proxies(self) -> list[dict[str, Any]]:
+        """The links the stack routes through its Toxiproxy (the network injector's `proxy:` names)."""
+        return [{"name": "mooncake-master", "listen": f"127.0.0.1:{self.ports['master_rpc_proxy']}",
+                 "upstream": f"127.0.0.1:{self.ports['master_rpc']}", "enabled": True}]
 
     def url(self, name: str) -> str:
         if name == "baseline":

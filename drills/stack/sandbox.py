@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,14 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
             netns=str(variables["netns"]) if raw.get("netns") else None,
         )
     return specs
+
+
+def write_toxiproxy_config(directory: Path, proxies: list[dict[str, Any]]) -> Path:
+    """The proxies the stack's Toxiproxy creates at start (its ``-config`` file, Toxiproxy's format)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "toxiproxy.json"
+    path.write_text(json.dumps(proxies, indent=2) + "\n")
+    return path
 
 
 def served_dir(run_dir: Path, suffix: str = "") -> Path:
@@ -118,7 +127,8 @@ class SandboxStack(ProcessStack):
         self.options = options
         self.l2_dir = self.run_dir / "stack" / "l2"
         self.l2_fs: RunFilesystem | FaultFs | None = None  # a run-owned filesystem under the L2 (disk faults)
-        self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline")}
+        self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline", "toxiproxy",
+                                               "lmcache_proxy")}
 
     @classmethod
     def attach(cls, state: dict[str, Any], journal: Journal, http: httpx.AsyncClient) -> SandboxStack:
@@ -156,7 +166,8 @@ class SandboxStack(ProcessStack):
             "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": {
-                "lmcache.mp.host": "127.0.0.1", "lmcache.mp.port": self.ports["lmcache_zmq"],
+                # through the stack's Toxiproxy (proxy `lmcache`), so network faults can sit on this link
+                "lmcache.mp.host": "127.0.0.1", "lmcache.mp.port": self.ports["lmcache_proxy"],
                 # the CPU fix: vLLM-CPU defaults to engine_driven, which the server does not serve
                 # unless told to, and the connector then waits 300 s (facts: vllm-lmcache-cpu.md §3)
                 "lmcache.mp.mp_transfer_mode": lm.transfer_mode,
@@ -164,10 +175,12 @@ class SandboxStack(ProcessStack):
             },
         }
         venv = stack_venv()
+        toxiproxy_config = write_toxiproxy_config(self.run_dir / "stack", self.proxies)
         self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
         variables = {
             "venv": venv, "bin": venv / "bin", "model_dir": self.served_model_dir, "served_model": SERVED_MODEL,
-            "dtype": self.pins.dtype, "patch_dir": PATCH_DIR,
+            "dtype": self.pins.dtype, "patch_dir": PATCH_DIR, "kvdrill_python": sys.executable,
+            "toxiproxy_config": toxiproxy_config,
             **{f"port_{k}": v for k, v in self.ports.items()},
             "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
             "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
@@ -239,8 +252,18 @@ class SandboxStack(ProcessStack):
 
     def url(self, name: str) -> str:
         port = {"lmcache": self.ports["lmcache_http"], "engine": self.ports["engine"],
-                "baseline": self.ports["baseline"]}[name]
+                "baseline": self.ports["baseline"], "toxiproxy": self.ports["toxiproxy"]}[name]
         return f"http://127.0.0.1:{port}"
+
+    @property
+    def toxiproxy_url(self) -> str:
+        return self.url("toxiproxy")
+
+    @property
+    def proxies(self) -> list[dict[str, Any]]:
+        """The links the stack routes through its Toxiproxy (the network injector's `proxy:` names)."""
+        return [{"name": "lmcache", "listen": f"127.0.0.1:{self.ports['lmcache_proxy']}",
+                 "upstream": f"127.0.0.1:{self.ports['lmcache_zmq']}", "enabled": True}]
 
     # --- what the runner asks of every stack ---------------------------------------------------------
 
@@ -269,6 +292,21 @@ class SandboxStack(ProcessStack):
             await asyncio.sleep(0.5)
         files = sorted({str(self.l2_file(c.chunk_hash).name) for c in expected})
         return {"chunks": len(expected), "files": files, "bytes": sum((self.l2_dir / f).stat().st_size for f in files)}
+
+    async def reset_for_reuse(self) -> dict[str, Any]:
+        """Before the next drill of a suite: an empty L1 (a full L1 drops new stores silently) and no chunk
+        files of earlier drills in the L2 (a run-owned L2 filesystem is small, and earlier drills' files
+        would fill it). Their prompts came from other seeds, so no key of the next drill is touched."""
+        cleared = await self.clear_l1()
+        removed, freed = 0, 0
+        for f in self.l2_dir.glob("*.data"):
+            try:
+                freed += f.stat().st_size
+                f.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return {"l1": cleared, "l2_files_removed": removed, "l2_bytes_freed": freed}
 
     async def clear_l1(self) -> dict[str, Any]:
         r = await self.http.post(f"{self.url('lmcache')}/cache/clear", json={"force": False}, timeout=30)

@@ -14,6 +14,10 @@ import pytest
 
 from drills.observe import shm
 from drills.pins import load_pins, model_dir, stack_python
+from drills.stack.diskfs import SOURCE_PREFIX
+from drills.stack.faultfs import FSNAME_PREFIX
+from drills.stack.netns import NETNS_DIR
+from drills.stack.netns import PREFIX as NETNS_PREFIX
 from drills.stack.process import group_members, shm_inodes_in_use
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +45,25 @@ def no_shared_memory_left_behind():
     yield
     left = sorted(n for n in {p.name for p in shm.SHM_DIR.iterdir()} - before if orphaned(n))
     assert not left, f"the real tests left shared-memory segments behind: {left}"
+
+
+def kvdrill_leftovers() -> dict[str, list[str]]:
+    """Mounts, loop images and namespaces only kvdrill makes (by their prefixes)."""
+    mounts = [line.split()[0] + " on " + line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+              if line.split()[0].startswith((SOURCE_PREFIX, FSNAME_PREFIX))]
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
+    netns = [n.name for n in NETNS_DIR.glob(f"{NETNS_PREFIX}*")] if NETNS_DIR.is_dir() else []
+    return {"mounts": mounts, "loops": [x for x in loops if SOURCE_PREFIX in x], "netns": netns}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mount_namespace_or_loop_left_behind():
+    """After the real suite: no filesystem, loop device or namespace the drills created is left."""
+    before = kvdrill_leftovers()
+    yield
+    after = kvdrill_leftovers()
+    left = {k: sorted(set(v) - set(before[k])) for k, v in after.items()}
+    assert not any(left.values()), f"the real tests left these behind: {left}"
 
 
 @pytest.fixture(scope="session", autouse=True)

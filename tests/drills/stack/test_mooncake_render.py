@@ -36,10 +36,15 @@ def prepared(tmp_path, monkeypatch, **options) -> MooncakeStack:
 def test_everything_but_the_baseline_runs_in_the_namespace(tmp_path, monkeypatch):
     stack = prepared(tmp_path, monkeypatch)
     assert {n: s.netns for n, s in stack.specs.items()} == {
-        "mooncake-master": NS.name, "store-a": NS.name, "store-b": NS.name, "engine": NS.name, "baseline": None}
+        "mooncake-master": NS.name, "store-a": NS.name, "store-b": NS.name, "engine": NS.name, "baseline": None,
+        "toxiproxy": NS.name}
     assert stack.specs["engine"].command[:4] == ["ip", "netns", "exec", NS.name]
     assert stack.specs["baseline"].command == stack.specs["baseline"].argv
-    assert set(stack.specs["engine"].depends_on) == {"mooncake-master", "store-a", "store-b"}
+    assert set(stack.specs["engine"].depends_on) == {"mooncake-master", "store-a", "store-b", "toxiproxy"}
+    # the engine reaches the master through the stack's Toxiproxy; its API is reachable from the host
+    assert stack.proxies == [{"name": "mooncake-master", "listen": "127.0.0.1:50061", "upstream": "127.0.0.1:50051",
+                              "enabled": True}]
+    assert stack.toxiproxy_url == "http://10.254.3.10:8474"
     assert stack.url("engine") == "http://10.254.3.10:8000" and stack.url("mooncake-master") == "http://10.254.3.10:9003"
     assert stack.url("baseline").startswith("http://127.0.0.1:")
     json.dumps(stack.state())
@@ -65,10 +70,11 @@ def test_mooncake_and_engine_flags(tmp_path, monkeypatch):
     assert (mooncake.SHIM_DIR / "lmcache_cpu_shim.py").exists()
     config = YAML(typ="safe", pure=True).load((tmp_path / "run" / "stack" / "lmcache.yaml").read_text())
     assert engine.env["LMCACHE_CONFIG_FILE"] == str(tmp_path / "run" / "stack" / "lmcache.yaml")
-    assert config["remote_url"] == "mooncakestore://127.0.0.1:50051/" and config["local_cpu"] is False
+    # (50061: the stack's Toxiproxy in front of the master RPC on 50051)
+    assert config["remote_url"] == "mooncakestore://127.0.0.1:50061/" and config["local_cpu"] is False
     assert config["chunk_size"] == 256 and config["remote_serde"] == "naive"
     extra = config["extra_config"]
-    assert extra["mooncake_master_server_addr"] == "127.0.0.1:50051" and extra["global_segment_size"] == 0
+    assert extra["mooncake_master_server_addr"] == "127.0.0.1:50061" and extra["global_segment_size"] == 0
     assert extra["metadata_server"] == "P2PHANDSHAKE" and extra["protocol"] == "tcp"
     assert extra["local_buffer_size"] == 134217728 and extra["transfer_timeout"] == 2
 
