@@ -103,6 +103,7 @@ class Runner:
         self.pool = pool  # a suite's: the stack may come from the previous drill and outlive this one
         self.reused_from: list[str] = []
         self.reusable = False  # set once the drill completed, healed and drained
+        self.completed = False  # the drill ran to its end (whatever the verdict) and every heal succeeded
         self.prompts: PromptSet | None = None
         self.fresh: PromptSet | None = None
         self._sampler: asyncio.Task | None = None
@@ -222,6 +223,7 @@ class Runner:
 
         with self._phase("drain", "waiting for locks, stores, sessions and workers to return to pre-chaos values"):
             self.reusable = await self._drain()
+        self.completed = True
 
     async def _plan(self, i: int, fault, params) -> Injector:
         """Build and plan a fault; a triggered one is planned before it is armed, so when its condition
@@ -404,7 +406,7 @@ class Runner:
         try:
             await asyncio.shield(self._heal_all())
         except Exception as exc:
-            self.reusable = False
+            self.reusable = self.completed = False
             self.journal.append("fault.heal_failed", error=f"{type(exc).__name__}: {exc}")
             self.console.print(f"[red]heal failed: {exc}; run `kvdrill rollback {self.run_dir}`[/]")
 
@@ -412,11 +414,13 @@ class Runner:
         if self.stack is None:
             return
         if self.pool is not None:
-            if self.reusable and self.scenario.stack.reuse:
-                self.pool.keep(self.scenario.stack, self.stack, self.scenario.seed, self.run_id)
+            if self.completed and self.scenario.stack.reuse and (self.reusable or self.stack.repairable):
+                dirty = None if self.reusable else "the drain did not bring every count back to its pre-chaos value"
+                self.pool.keep(self.scenario.stack, self.stack, self.scenario.seed, self.run_id, dirty=dirty)
                 self.journal.append("stack.left_running", stack_dir=str(self.stack.run_dir),
-                                    services=self.stack.services_now(),
-                                    reason="completed, healed and drained: the next drill of the suite may reuse it")
+                                    services=self.stack.services_now(), dirty=dirty,
+                                    reason="completed and healed: the next drill of the suite may reuse it"
+                                           + (" after restarting its cache server and engine" if dirty else ""))
                 return
             self.pool.forget(self.stack)
         if self.keep:
@@ -435,7 +439,17 @@ class Runner:
         live, why = self.pool.offer(sc.stack, sc.seed)
         if live is not None:
             live.stack.bind(self.journal, http)
-            problems = await live.stack.unhealthy()
+            problems: dict[str, str] = {}
+            if live.dirty:
+                self.journal.append("stack.repairing", stack_dir=str(live.home), why=live.dirty, from_runs=live.runs)
+                try:
+                    with _spinner(self.console, "repairing the previous drill's stack"):
+                        repaired = await live.stack.repair()
+                    self.journal.append("stack.repaired", **repaired)
+                    live.dirty = None
+                except (StackError, NotImplementedError, httpx.HTTPError) as exc:
+                    problems = {"repair": f"{type(exc).__name__}: {exc}"}
+            problems = problems or await live.stack.unhealthy()
             if not problems:
                 self.reused_from = list(live.runs)
                 self.journal.append("stack.reused", stack_dir=str(live.home), from_runs=live.runs, reason=why,

@@ -35,6 +35,11 @@ class ProcessStack:
     async def down(self) -> None:
         raise NotImplementedError
 
+    repairable = False  # can :meth:`repair` give a leaked-into stack a clean cache and engine?
+
+    async def repair(self) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} cannot be repaired in place")
+
     async def reset_for_reuse(self) -> dict[str, Any]:
         """Make a healthy stack fit for the next drill of a suite (nothing by default)."""
         return {}

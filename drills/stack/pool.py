@@ -5,8 +5,10 @@ two cores, measured), so a suite reuses the stack a previous scenario left. It m
 next drill cannot tell the difference from a fresh stack that has served other prompts:
 
 - the stack spec is identical (the ``reuse`` flag aside) and both scenarios allow reuse;
-- the previous drill completed (PASS or FAIL), healed every fault and its drain returned every sampled
-  count to the pre-chaos value (a stack with leaked pins or sessions is not handed on);
+- the previous drill completed (PASS or FAIL) and healed every fault; if its drain did not return every
+  sampled count to the pre-chaos value (leaked pins or sessions), the stack is handed on only if it can
+  be repaired — on the sandbox, the LMCache server and the engine restart (the stateless baseline and
+  proxy stay) — and the repair is journaled; otherwise it is stopped;
 - the next drill's seed has not run on this stack: prompts derive from the seed, so the same seed would
   find its own prompts already cached (and, after a model upgrade, cached by other weights);
 - every service answers its health check when the next drill takes it.
@@ -38,6 +40,7 @@ class LiveStack:
     home: Path
     seeds: set[int] = field(default_factory=set)
     runs: list[str] = field(default_factory=list)
+    dirty: str | None = None  # why the last drill left it unfit as is (repaired before the next one)
 
 
 @dataclass
@@ -58,6 +61,8 @@ class StackPool:
             return None, f"the running stack (from {live.runs[-1]}) has another stack spec"
         if seed in live.seeds:
             return None, f"seed {seed} already ran on the running stack: its prompts would be cached"
+        if live.dirty:
+            return live, f"the stack of {live.runs[-1]} completed and healed; {live.dirty}, so it is repaired first"
         return live, f"the stack of {live.runs[-1]} completed, healed and drained"
 
     def new_home(self) -> Path:
@@ -66,11 +71,12 @@ class StackPool:
         home.mkdir(parents=True, exist_ok=True)
         return home
 
-    def keep(self, spec: StackSpec, stack: ProcessStack, seed: int, run_id: str) -> None:
+    def keep(self, spec: StackSpec, stack: ProcessStack, seed: int, run_id: str, dirty: str | None = None) -> None:
         if self.live is None or self.live.stack is not stack:
             self.live = LiveStack(key=stack_key(spec), stack=stack, home=stack.run_dir)
         self.live.seeds.add(seed)
         self.live.runs.append(run_id)
+        self.live.dirty = dirty
 
     def forget(self, stack: ProcessStack) -> None:
         """The run that used ``stack`` stops it itself (it was not left fit for another drill)."""

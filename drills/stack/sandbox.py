@@ -293,6 +293,16 @@ class SandboxStack(ProcessStack):
         files = sorted({str(self.l2_file(c.chunk_hash).name) for c in expected})
         return {"chunks": len(expected), "files": files, "bytes": sum((self.l2_dir / f).stat().st_size for f in files)}
 
+    repairable = True
+
+    async def repair(self) -> dict[str, Any]:
+        """After a drill that leaked into the cache server (sessions, pins, mapped segments): a new LMCache
+        server, then a new engine connected to it. The baseline and the proxy hold no cache state."""
+        started = time.monotonic()
+        await self.restart("lmcache")
+        await self.restart("engine")
+        return {"restarted": ["lmcache", "engine"], "took_s": round(time.monotonic() - started, 1)}
+
     async def reset_for_reuse(self) -> dict[str, Any]:
         """Before the next drill of a suite: an empty L1 (a full L1 drops new stores silently) and no chunk
         files of earlier drills in the L2 (a run-owned L2 filesystem is small, and earlier drills' files

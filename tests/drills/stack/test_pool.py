@@ -69,3 +69,12 @@ def test_forget_only_drops_the_stack_it_names(pool):
     pool.forget(a)
     assert pool.live is None
     assert [p.name for p in sorted((pool.root / "stacks").iterdir())] == ["s1", "s2"]
+
+
+def test_a_dirty_stack_is_offered_for_repair_and_keep_clears_it(pool):
+    stack = FakeStack(pool.new_home())
+    pool.keep(StackSpec(), stack, seed=1, run_id="run-a", dirty="sessions leaked")
+    live, why = pool.offer(StackSpec(), 2)
+    assert live.stack is stack and "sessions leaked, so it is repaired first" in why
+    pool.keep(StackSpec(), stack, seed=2, run_id="run-b")
+    assert pool.live.dirty is None
