@@ -38,7 +38,7 @@ def catalogue():
     before = {p.name for p in reports.iterdir()}
     junit = reports / "junit-latest.xml"
     proc = run_kvdrill(["suite", *(str(REPO / "scenarios" / s) for s in SCENARIOS), "--reports-dir", str(reports),
-                        "--junit", str(junit)], timeout=3600)
+                        "--junit", str(junit)], timeout=4800)
     [suite_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
     runs = {Path(e["data"]["scenario"]).relative_to(REPO / "scenarios").as_posix(): suite_dir / e["data"]["run_id"]
             for e in _events(suite_dir, "suite.run")}
