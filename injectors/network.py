@@ -29,7 +29,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from drills.stack.kernelnet import KernelNet, NotEmulable, emulate_toxic, mooncake_transfer_ports
+from drills.stack.kernelnet import (
+    KernelNet,
+    KernelPlan,
+    Loss,
+    NotEmulable,
+    Step,
+    Target,
+    emulate_toxic,
+    mooncake_transfer_ports,
+)
 from drills.toxiproxy import NotFound, ToxiproxyClient, ToxiproxyError
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
@@ -77,11 +86,15 @@ class NetworkParams(BaseModel):
     toxics: list[ToxicSpec] = Field(default_factory=list)
     down: bool = Field(False, description="Toxiproxy's down: the proxy disabled, new connects refused and "
                                           "every open connection cut")
+    loss_percent: float | None = Field(None, gt=0, le=100, description="kernel backend only: random packet loss "
+                                                                      "on the link (nftables numgen; no Toxiproxy toxic)")
 
     @model_validator(mode="after")
     def _coherent(self) -> NetworkParams:
-        if not self.toxics and not self.down:
-            raise ValueError("give at least one toxic, or down: true")
+        if not self.toxics and not self.down and self.loss_percent is None:
+            raise ValueError("give at least one toxic, or down: true (or loss_percent on the kernel backend)")
+        if self.loss_percent is not None and self.backend != "kernel":
+            raise ValueError("loss_percent needs backend: kernel (Toxiproxy has no packet-loss toxic)")
         if self.backend == "toxiproxy":
             if self.proxy is None or self.link is not None:
                 raise ValueError("the toxiproxy backend needs `proxy:` (and no `link:`)")
@@ -185,6 +198,11 @@ class NetworkFault(Injector):
                                      "in the namespace")
         toxics = [t.api_body() for t in self.p.toxics] + ([{"type": "down"}] if self.p.down else [])
         plans = [(port, t, emulate_toxic(t, port=port)) for port in link_ports for t in toxics]
+        if self.p.loss_percent is not None:
+            plans += [(port, {"loss_percent": self.p.loss_percent},
+                       KernelPlan(steps=[Step(Loss(Target(iface="lo", port=port), percent=self.p.loss_percent))],
+                                  fidelity="good", notes=["per packet; a 64 KiB GSO packet on lo is one packet"]))
+                      for port in link_ports]
         self.target = {"backend": "kernel", "netns": netns.name, "link": self.p.link, "ports": link_ports,
                        "plans": [{"port": port, "toxic": t, **plan.as_dict()} for port, t, plan in plans]}
         self._plans = plans

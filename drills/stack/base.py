@@ -68,6 +68,11 @@ class ProcessStack:
     def url(self, name: str) -> str:
         raise NotImplementedError
 
+    @property
+    def toxiproxy_url(self) -> str:
+        """The stack's Toxiproxy API (every stack runs one; the network injector talks to it)."""
+        return self.url("toxiproxy")
+
     async def unhealthy(self) -> dict[str, str]:
         """Services that are not running or do not answer their health URL now (empty: all healthy)."""
         problems: dict[str, str] = {}

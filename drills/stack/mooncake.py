@@ -192,10 +192,6 @@ class MooncakeStack(ProcessStack):
     # --- endpoints ---------------------------------------------------------------------------------
 
     @property
-    def toxiproxy_url(self) -> str:
-        return self.url("toxiproxy")
-
-    @property
     def proxies(self) -> list[dict[str, Any]]:
         """The links the stack routes through its Toxiproxy (the network injector's `proxy:` names)."""
         return [{"name": "mooncake-master", "listen": f"127.0.0.1:{self.ports['master_rpc_proxy']}",

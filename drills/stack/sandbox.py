@@ -256,10 +256,6 @@ class SandboxStack(ProcessStack):
         return f"http://127.0.0.1:{port}"
 
     @property
-    def toxiproxy_url(self) -> str:
-        return self.url("toxiproxy")
-
-    @property
     def proxies(self) -> list[dict[str, Any]]:
         """The links the stack routes through its Toxiproxy (the network injector's `proxy:` names)."""
         return [{"name": "lmcache", "listen": f"127.0.0.1:{self.ports['lmcache_proxy']}",

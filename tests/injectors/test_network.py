@@ -101,6 +101,9 @@ def test_params_speak_toxiproxy_and_refuse_what_cannot_work():
         NetworkParams(proxy="lmcache")
     with pytest.raises(ValidationError, match="needs `link:`"):
         NetworkParams(backend="kernel", proxy="lmcache", down=True)
+    with pytest.raises(ValidationError, match="Toxiproxy has no packet-loss toxic"):
+        NetworkParams(proxy="lmcache", loss_percent=5)
+    assert NetworkParams(backend="kernel", link="store-a", loss_percent=5).loss_percent == 5
 
 
 async def test_the_kernel_backend_needs_a_namespace_the_run_created(tmp_path):
