@@ -9,7 +9,7 @@ KVDRILL := $(BIN)/kvdrill
 FLAGSHIP := scenarios/flagship/hit-rate-is-not-correctness.yaml
 TWIN     := scenarios/flagship/hit-rate-is-not-correctness-aesgcm.yaml
 
-.PHONY: setup demo test test-unit test-real bench clean
+.PHONY: setup demo test test-unit test-real test-catalogue bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test-real: setup
 	$(BIN)/pytest -q -m real --durations=0
 
 test: setup test-unit test-real
+
+# every scenario of the catalogue as one suite, the row-5 replays (lmcache-4533-*) included
+test-catalogue: setup
+	KVDRILL_FULL_CATALOGUE=1 $(BIN)/pytest -q -m real tests/real/test_catalogue.py --durations=0
 
 bench: setup
 	$(BIN)/python bench/flagship.py

@@ -8,6 +8,7 @@ may be left: no process group, no network namespace, no shared-memory segment na
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,14 @@ from .conftest import ARTIFACTS, REPO, assert_nothing_left, run_kvdrill, started
 
 pytestmark = pytest.mark.real
 
-# every scenario of the catalogue except the flagship pair (tests/real/test_flagship.py runs those
-# through `kvdrill run`, the command a user types first)
+# Every scenario of the catalogue except the flagship pair (tests/real/test_flagship.py runs those
+# through `kvdrill run`, the command a user types first). `make test` leaves out the five row-5 replays
+# (lmcache-4533-*: about 15 minutes, two engine restarts each) to stay inside CI's limit on two cores:
+# every kv_corrupt mode they use is exercised on real chunk files by test_sandbox_kv_corrupt.py and the
+# flagship pair; `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all of them.
+FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
 SCENARIOS = sorted(p.relative_to(REPO / "scenarios").as_posix() for p in (REPO / "scenarios").rglob("*.yaml")
-                   if p.parent.name != "flagship")
+                   if p.parent.name != "flagship" and (FULL or not p.name.startswith("lmcache-4533-")))
 
 
 def _events(journal_dir, type_):
