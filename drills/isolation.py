@@ -165,10 +165,33 @@ class IsolationPolicy:
                 found.append(self.check_process(value, where))
         return [r for r in found if r is not None]
 
+    def check_declared(self) -> list[Refusal]:
+        """What the scenario and the command line declare: each outside host must be named by both (an
+        allowlist entry alone, or a flag alone, is refused so a typo cannot pass silently), and each
+        named process must exist now with exactly the named command line."""
+        hosts = sorted(self.scenario_hosts | self.flag_hosts)
+        found = [self.check_host(h, "targets.hosts" if h in self.scenario_hosts else "--allow-target") for h in hosts]
+        for n in self.scenario_processes:
+            actual = read_cmdline(n.pid)
+            if actual != n.cmdline:
+                found.append(Refusal(
+                    "process", f"pid {n.pid}", "targets.processes",
+                    "no such process now" if actual is None else f"its command line is {list(actual)}, not the "
+                                                                    f"named {list(n.cmdline)}",
+                    "name the running test process by its pid and its exact /proc/PID/cmdline"))
+        return [r for r in found if r is not None]
+
     def enforce(self, targets: list[dict[str, Any]], where: str) -> None:
         refusals = [r for t in targets for r in self.check_target(t, where)]
         if refusals:
             raise IsolationError(refusals)
+
+
+def policy_for(scenario: Scenario, allow_targets: Iterable[str] = (), stack: Any = None) -> IsolationPolicy:
+    """The run's policy; with no stack yet, only loopback and the scenario's named targets pass. For code
+    that contacts something on its own (e.g. halt-condition probes):
+    ``if (r := policy_for(sc, flags, stack).check_url(url, "halt[0]")): raise IsolationError([r])``."""
+    return IsolationPolicy.build(scenario, allow_targets, owned_by_stack(stack) if stack is not None else Owned())
 
 
 def owned_by_stack(stack: Any) -> Owned:
