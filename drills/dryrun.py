@@ -300,13 +300,19 @@ def render(plan: dict[str, Any], console: Console) -> None:
     for name, s in st["services"].items():
         services.add_row(name, s["program"], "yes" if s["netns"] else "no")
     console.print(services)
-    faults = Table("fault", "trigger", "params", "targets", "seeded choices", title="faults", title_justify="left",
-                   show_lines=True)
     for f in plan["faults"]:
-        faults.add_row(f"{f['id']}", json.dumps(f["trigger"]), json.dumps(f["params"], sort_keys=True),
-                       "\n".join(json.dumps(t, sort_keys=True) for t in f["targets"]) or "-",
-                       "\n".join(f"{k}: {v}" for k, v in f["seeded"].items()))
-    console.print(faults)
+        # one key/value table per fault: long targets fold instead of being cut off in a narrow terminal
+        t = Table(show_header=False, title=f"fault {f['id']}", title_justify="left", show_lines=True)
+        t.add_column(style="bold", no_wrap=True)
+        t.add_column(overflow="fold")
+        t.add_row("injector", f["injector"])
+        t.add_row("trigger", json.dumps(f["trigger"]))
+        t.add_row("params", json.dumps(f["params"], sort_keys=True))
+        for n, target in enumerate(f["targets"]):
+            t.add_row(f"target {n}", json.dumps(target, sort_keys=True))
+        for k, v in f["seeded"].items():
+            t.add_row(f"seeded: {k}", v if isinstance(v, str) else json.dumps(v, sort_keys=True))
+        console.print(t)
     s = plan["seeds"]
     console.print(f"seeds: workload {s['workload']!r}, toxiproxy {s['toxiproxy']}, per fault "
                   + ", ".join(f"{k}={v!r}" for k, v in s["faults"].items()))
