@@ -133,3 +133,23 @@ def test_proxy_names_match_the_stacks():
     moon.ports = dict(NETNS_PORTS)
     assert [p["name"] for p in sandbox.proxies] == dryrun.PROXIES["sandbox"]
     assert [p["name"] for p in moon.proxies] == dryrun.PROXIES["sandbox-mooncake"]
+
+
+def test_a_real_run_of_a_refused_scenario_starts_nothing_and_reports_the_refusal(tmp_path):
+    """`kvdrill run` without --dry-run: the preflight refuses before any stack exists (ERROR, exit 2)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "drills.cli", "run", str(REFUSED), "--reports-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    [run_dir] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["verdict"] == "error" and "refused (host rule) targets.hosts: 10.9.8.7" in verdict["reason"]
+    assert "--allow-target 10.9.8.7" in verdict["reason"]
+    events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    types = {e["type"] for e in events}
+    assert "service.started" not in types and "stack.prepared" not in types and "fault.planned" not in types
+    started = next(e for e in events if e["type"] == "run.started")["data"]
+    assert started["seeds"]["toxiproxy"] == seeds.toxiproxy_seed(81) and started["allow_targets"] == []
+    assert started["seeds"]["faults"] == {"f0-network": "81:f0-network"}
