@@ -104,6 +104,8 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
           reports_dir: Path = REPORTS,
           junit: Path | None = typer.Option(None, "--junit", help="also write the aggregate junit.xml here"),
           fail_fast: bool = typer.Option(False, "--fail-fast", help="stop after the first drill that does not exit 0"),
+          allow_target: list[str] = typer.Option([], "--allow-target", help="an outside host the drills may contact; "
+                                                 "a scenario's targets.hosts must name it too (repeatable)"),
           ) -> None:
     """Run every scenario as one gate, reusing a stack between drills where they allow it; writes
     index.md and junit.xml. Exit status: the worst drill's (see `kvdrill run`)."""
@@ -119,7 +121,8 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
             typer.echo(f"invalid scenario\n{text}", err=True)
         typer.echo(f"{len(invalid)} of {len(files)} scenarios are invalid: nothing was run", err=True)
         raise typer.Exit(2)
-    outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err))
+    outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err,
+                                      allow_targets=tuple(allow_target)))
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text((outcome.suite_dir / "junit.xml").read_text())

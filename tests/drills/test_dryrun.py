@@ -153,3 +153,16 @@ def test_a_real_run_of_a_refused_scenario_starts_nothing_and_reports_the_refusal
     started = next(e for e in events if e["type"] == "run.started")["data"]
     assert started["seeds"]["toxiproxy"] == seeds.toxiproxy_seed(81) and started["allow_targets"] == []
     assert started["seeds"]["faults"] == {"f0-network": "81:f0-network"}
+
+
+def test_a_suite_refuses_the_same_way_before_starting_anything(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "drills.cli", "suite", str(REFUSED), "--reports-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    verdicts = [json.loads(p.read_text()) for p in tmp_path.rglob("verdict.json")]
+    assert [v["verdict"] for v in verdicts] == ["error"] and "--allow-target 10.9.8.7" in verdicts[0]["reason"]
+    assert not list(tmp_path.rglob("service.*")) and "service.started" not in "".join(
+        p.read_text() for p in tmp_path.rglob("journal.jsonl"))
