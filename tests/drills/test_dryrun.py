@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from drills import dryrun, seeds
@@ -166,3 +168,13 @@ def test_a_suite_refuses_the_same_way_before_starting_anything(tmp_path):
     assert [v["verdict"] for v in verdicts] == ["error"] and "--allow-target 10.9.8.7" in verdicts[0]["reason"]
     assert not list(tmp_path.rglob("service.*")) and "service.started" not in "".join(
         p.read_text() for p in tmp_path.rglob("journal.jsonl"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=st.integers(0, 2**40), b=st.integers(0, 2**40))
+def test_plan_is_a_function_of_scenario_and_seed(a, b):
+    def plan(seed: int) -> str:
+        return dryrun.to_json(dryrun.build_plan(parse_scenario(errno_scenario(seed), Path("e.yaml"))))
+
+    assert plan(a) == plan(a)
+    assert (plan(a) == plan(b)) == (a == b)
