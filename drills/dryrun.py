@@ -170,7 +170,7 @@ def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         return
     _process(fp, p, sc, view)
     if fp.targets:
-        fp.targets[0]["master_metrics"] = f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics"
+        fp.targets[0]["master_metrics_url"] = f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics"
 
 
 def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:

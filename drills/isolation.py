@@ -30,7 +30,6 @@ Rule = Literal["host", "path", "process"]
 
 # keys of a planned target (injectors' plan() output) that name something the fault touches
 PATH_KEYS = frozenset({"path", "other_path", "source_path", "l2_dir", "mountpoint", "readonly_target"})
-URL_KEYS = frozenset({"url"})
 HOSTPORT_KEYS = frozenset({"listen", "upstream"})
 PGID_KEYS = frozenset({"pgid"})
 
@@ -157,7 +156,7 @@ class IsolationPolicy:
                 continue  # dry-run placeholder for something the stack creates at run time
             if key in PATH_KEYS and isinstance(value, str):
                 found.append(self.check_path(value, where))
-            elif key in URL_KEYS and isinstance(value, str):
+            elif (key == "url" or key.endswith("_url")) and isinstance(value, str):
                 found.append(self.check_url(value, where))
             elif key in HOSTPORT_KEYS and isinstance(value, str):
                 found.append(self.check_hostport(value, where))

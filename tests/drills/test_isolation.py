@@ -154,7 +154,7 @@ def test_check_target_finds_every_host_path_and_group_at_any_depth(tmp_path):
     fine = {"url": "http://127.0.0.1:1/x", "listen": "127.0.0.1:2", "upstream": "127.0.0.1:3", "pgid": 4242,
             "v1": {"path": str(tmp_path / "a")}, "plans": [{"path": str(tmp_path / "b")}]}
     assert p.check_target(fine, "x") == []
-    bad = {"url": "http://10.0.0.1:1/x", "upstream": "10.0.0.2:3", "pgid": 1,
+    bad = {"metrics_url": "http://10.0.0.1:1/x", "upstream": "10.0.0.2:3", "pgid": 1,
            "v2": {"path": "/etc/passwd"}, "other_path": str(tmp_path / "ok")}
     rules = sorted((r.rule, r.target.split()[0]) for r in p.check_target(bad, "x"))
     assert rules == [("host", "10.0.0.1"), ("host", "10.0.0.2"), ("path", "/etc/passwd"), ("process", "pid")]
