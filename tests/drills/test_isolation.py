@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,9 @@ def foreign():
     """A process this test starts, standing in for one kvdrill did not start; stopped by its pid."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "kvdrill-isolation-test"])
     try:
+        deadline = time.monotonic() + 10  # /proc/PID/cmdline can read empty for a moment after exec
+        while (read_cmdline(proc.pid) or ("",))[-1] != "kvdrill-isolation-test" and time.monotonic() < deadline:
+            time.sleep(0.01)
         yield proc
     finally:
         proc.kill()
