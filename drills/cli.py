@@ -66,13 +66,26 @@ def setup() -> None:
 
 @app.command()
 def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir: Path = REPORTS,
-        keep: bool = typer.Option(False, "--keep", help="leave the stack running after the drill")) -> None:
-    """Run one drill end to end on a stack it starts, and write its report."""
+        keep: bool = typer.Option(False, "--keep", help="leave the stack running after the drill"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="start and inject nothing: resolve every target, "
+                                                               "apply the isolation rules, print the plan"),
+        as_json: bool = typer.Option(False, "--json", help="with --dry-run: the plan as JSON"),
+        allow_target: list[str] = typer.Option([], "--allow-target", help="an outside host the drill may contact; "
+                                               "the scenario's targets.hosts must name it too (repeatable)"),
+        ) -> None:
+    """Run one drill end to end on a stack it starts, and write its report (--dry-run: only the plan;
+    exit 0 if allowed, 2 with the refusals)."""
     from drills.report import headline
     from drills.runner import Runner
 
     loaded = _load(scenario)
-    runner = Runner(loaded, reports_dir, keep=keep, console=err)
+    if dry_run:
+        from drills import dryrun
+
+        plan = dryrun.build_plan(loaded, tuple(allow_target), reports_dir)
+        typer.echo(dryrun.to_json(plan)) if as_json else dryrun.render(plan, out)
+        raise typer.Exit(0 if plan["allowed"] else 2)
+    runner = Runner(loaded, reports_dir, keep=keep, console=err, allow_targets=tuple(allow_target))
     typer.echo(f"run {runner.run_id} -> {runner.run_dir}", err=True)
     try:
         outcome = asyncio.run(runner.run())
@@ -91,6 +104,8 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
           reports_dir: Path = REPORTS,
           junit: Path | None = typer.Option(None, "--junit", help="also write the aggregate junit.xml here"),
           fail_fast: bool = typer.Option(False, "--fail-fast", help="stop after the first drill that does not exit 0"),
+          allow_target: list[str] = typer.Option([], "--allow-target", help="an outside host the drills may contact; "
+                                                 "a scenario's targets.hosts must name it too (repeatable)"),
           ) -> None:
     """Run every scenario as one gate, reusing a stack between drills where they allow it; writes
     index.md and junit.xml. Exit status: the worst drill's (see `kvdrill run`)."""
@@ -106,7 +121,8 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
             typer.echo(f"invalid scenario\n{text}", err=True)
         typer.echo(f"{len(invalid)} of {len(files)} scenarios are invalid: nothing was run", err=True)
         raise typer.Exit(2)
-    outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err))
+    outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err,
+                                      allow_targets=tuple(allow_target)))
     if junit is not None:
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text((outcome.suite_dir / "junit.xml").read_text())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import shutil
 import signal
 import time
@@ -25,11 +24,12 @@ import httpx
 import structlog
 from rich.console import Console
 
-from drills import checkers
+from drills import checkers, seeds
 from drills.checkers.base import CheckResult, RunView
 from drills.checkers.correctness import check as correctness_check
 from drills.checkers.recovery import recovered
 from drills.checkers.recovery import waves as recovery_waves
+from drills.isolation import IsolationError, IsolationPolicy, owned_by_stack, policy_for
 from drills.journal import Journal, read_history
 from drills.observe import logs, prom, shm
 from drills.observe.lmcache_status import above_baseline
@@ -89,12 +89,14 @@ def new_run_id(name: str) -> str:
 
 class Runner:
     def __init__(self, loaded: LoadedScenario, reports_dir: Path, *, keep: bool = False,
-                 console: Console | None = None, pool: StackPool | None = None) -> None:
+                 console: Console | None = None, pool: StackPool | None = None,
+                 allow_targets: tuple[str, ...] = ()) -> None:
         self.loaded = loaded
         self.scenario = loaded.scenario
         self.run_id = new_run_id(self.scenario.name)
         self.run_dir = (reports_dir / self.run_id).resolve()
         self.keep = keep
+        self.allow_targets = allow_targets  # --allow-target: outside hosts the operator allows (isolation.py)
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir)
         self.log = _configure_logging(self.run_dir)
@@ -114,7 +116,10 @@ class Runner:
         shutil.copyfile(self.loaded.path, self.run_dir / "scenario.yaml")
         self.journal.append("run.started", run_id=self.run_id, scenario=str(self.loaded.path),
                             name=self.scenario.name, seed=self.scenario.seed, kvdrill_pid=os.getpid(),
-                            scenario_model=self.scenario.model_dump(mode="json"))
+                            scenario_model=self.scenario.model_dump(mode="json"), allow_targets=list(self.allow_targets),
+                            seeds=seeds.run_seeds(self.scenario.seed, self.scenario.workload.chaos_prompts == "fresh",
+                                                  [seeds.fault_id(i, f.injector)
+                                                   for i, f in enumerate(self.scenario.chaos.faults)]))
         verdict, reason = "error", ""
         results: list[CheckResult] = []
         loop = asyncio.get_running_loop()
@@ -147,6 +152,9 @@ class Runner:
     async def _drill(self, http: httpx.AsyncClient) -> None:
         sc = self.scenario
         with self._phase("preflight", "checking the stack install, memory and versions"):
+            declared = policy_for(sc, self.allow_targets).check_declared()
+            if declared:
+                raise IsolationError(declared)
             self.stack = await self._acquire_stack(http)
             if not self.reused_from:
                 available = shm.meminfo("MemAvailable")
@@ -154,6 +162,7 @@ class Runner:
                     raise DrillError(f"only {available / 2**30:.1f} GiB of memory available; the sandbox needs "
                                      f"{MIN_AVAILABLE_BYTES / 2**30:.0f} GiB (stop other stacks, e.g. "
                                      "`kvdrill sandbox down`)")
+                self.stack.toxiproxy_seed = seeds.toxiproxy_seed(sc.seed)
                 self.stack.prepare()
             manifest = versions_manifest(sc.stack, self.stack.model_dir)
             self.journal.append("versions", **manifest)
@@ -229,16 +238,20 @@ class Runner:
         """Build and plan a fault; a triggered one is planned before it is armed, so when its condition
         holds only the injection itself stands between the observation and the fault."""
         sc = self.scenario
-        fault_id = f"f{i}-{fault.injector}"
+        fault_id = seeds.fault_id(i, fault.injector)
         ctx = InjectionContext(fault_id=fault_id, run_dir=self.run_dir, journal=self.journal,
-                               rng=random.Random(f"{sc.seed}:{fault_id}"), stack=self.stack,
+                               rng=seeds.fault_rng(sc.seed, fault_id), stack=self.stack,
                                prompts=self.prompts, landing_probe=self._store_probe().observe,
                                chaos_prompts=self.fresh or self.prompts, workload=sc.workload,
                                oracle_tokens={pid: e.data["token_ids"] for pid, e in
                                               RunView(read_history(self.journal.path)).oracle().items()})
         injector = registry()[fault.injector](params, ctx)
         targets = await injector.plan()
+        # nothing is touched before every target passed the isolation rules (refusal: verdict ERROR)
+        IsolationPolicy.build(sc, self.allow_targets, owned_by_stack(self.stack)).enforce(
+            targets, f"chaos.faults[{i}] ({fault.injector})")
         self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
+                            rng_seed=seeds.fault_rng_seed(sc.seed, fault_id),
                             params=params.model_dump(mode="json"), targets=targets,
                             trigger=fault.trigger.model_dump(mode="json", exclude_none=True) if fault.trigger else None)
         return injector

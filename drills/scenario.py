@@ -215,10 +215,54 @@ class Expect(_Strict):
         return self
 
 
+# directories no scenario may hand to kvdrill whole: a fault there would reach far beyond a test target
+_TOO_WIDE = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/proc", "/root", "/run", "/sbin",
+                       "/sys", "/tmp", "/usr", "/var"})
+
+
+class NamedProcessSpec(_Strict):
+    pid: int = Field(ge=2, description="the process's pid (never 1)")
+    cmdline: list[str] = Field(min_length=1, description="its exact /proc/PID/cmdline, one argv entry per item")
+
+
+class TargetsSpec(_Strict):
+    """What outside the run's own creations this drill may touch (drills/isolation.py). By default
+    nothing: loopback, the run's own namespace, directories and process groups only."""
+
+    hosts: list[str] = Field(default_factory=list, description="hosts (names or addresses) kvdrill may contact "
+                                                               "besides loopback; each also needs --allow-target")
+    paths: list[str] = Field(default_factory=list, description="absolute paths outside the run kvdrill may touch")
+    processes: list[NamedProcessSpec] = Field(default_factory=list,
+                                              description="processes kvdrill did not start, by pid and exact cmdline")
+
+    @field_validator("hosts")
+    @classmethod
+    def _single_hosts(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if not h.strip() or any(c in h for c in "*/ ") or h.strip("[]") in ("0.0.0.0", "::"):
+                raise ValueError(f"{h!r} is not one host: name a single host or address (no wildcards, ranges or "
+                                 "any-address)")
+        return v
+
+    @field_validator("paths")
+    @classmethod
+    def _narrow_paths(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not p.startswith("/"):
+                raise ValueError(f"{p!r} is not absolute: give the full path of the test target")
+            norm = "/" + "/".join(x for x in p.split("/") if x and x != ".")
+            if norm in _TOO_WIDE or ".." in p.split("/"):
+                raise ValueError(f"{p!r} is too wide (or uses '..'): name the test target's own directory, not "
+                                 "a system directory")
+        return v
+
+
 class Scenario(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="drives every random choice of the drill (prompts, bit positions, "
+                                           "toxicity, probability draws); recorded in the journal")
+    targets: TargetsSpec = TargetsSpec()
     stack: StackSpec = StackSpec()
     workload: WorkloadSpec = WorkloadSpec()
     chaos: ChaosSpec = ChaosSpec()

@@ -99,6 +99,7 @@ def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
 
 
 async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: bool = False,
+                    allow_targets: tuple[str, ...] = (),
                     console: Console | None = None) -> SuiteOutcome:
     from drills.runner import Runner, install_interrupt_handlers  # heavy imports; keep `--help` light
 
@@ -113,7 +114,7 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
     try:
         for n, entry in enumerate(outcome.entries, start=1):
             console.print(f"[bold]suite {n}/{len(outcome.entries)}[/] {entry.path}")
-            runner = Runner(entry.loaded, suite_dir, console=console, pool=pool)
+            runner = Runner(entry.loaded, suite_dir, console=console, pool=pool, allow_targets=allow_targets)
             entry.run_id, entry.run_dir = runner.run_id, runner.run_dir
             started = time.monotonic()
             result = await runner.run()

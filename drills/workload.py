@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from drills import seeds
 from drills.journal import Journal
 from drills.scenario import WorkloadSpec
 
@@ -170,13 +171,13 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
 
     ``fresh`` builds the chaos-only set: the same shared prefix, other unique parts, ids after the main
     set's, so its chunks are not in the cache until chaos traffic stores them."""
-    rng = random.Random(f"kvdrill-workload:{seed}")
+    rng = random.Random(seeds.WORKLOAD.format(seed=seed))
     shared: list[int] = []
     if spec.shared_prefix_tokens:
         shared = (await client.tokenize(_story(rng, spec.shared_prefix_tokens)))[: spec.shared_prefix_tokens]
     first_id = spec.prompts if fresh else 0
     if fresh:
-        rng = random.Random(f"kvdrill-workload:{seed}:fresh")
+        rng = random.Random(seeds.WORKLOAD_FRESH.format(seed=seed))
     prompts = []
     for i in range(first_id, first_id + spec.prompts):
         speaker = _SPEAKERS[i % len(_SPEAKERS)]

@@ -40,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import errno as errno_mod
 import os
+import random
 import re
-import secrets
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -182,6 +182,14 @@ def _errno_name(exc: OSError) -> str:
     return errno_mod.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
+def errno_rule_draws(rng: random.Random, fault_id: str, seed: int | None) -> tuple[int, str]:
+    """The errno rule's probability seed and id, both from the fault's seeded rng (in this order), so the
+    same scenario seed gives the same rule; the id's suffix keeps rules of different drills apart on a
+    reused fault filesystem."""
+    drawn = seed if seed is not None else rng.randrange(2**31)
+    return drawn, re.sub(r"\W", "_", fault_id) + f"_{rng.randrange(16**4):04x}"
+
+
 class DiskFault(Injector):
     name = "disk"
     Params = DiskParams
@@ -241,8 +249,7 @@ class DiskFault(Injector):
                 raise InjectionError(f"disk: mode errno needs the fault filesystem (FUSE) under the L2 directory, "
                                      f"but stack.l2_fs is a plain {self.runfs.kind if self.runfs else '?'}; {FS_HINT} "
                                      "with the fault filesystem enabled")
-            rule_id = re.sub(r"\W", "_", self.ctx.fault_id) + "_" + secrets.token_hex(2)
-            seed = spec.seed if spec.seed is not None else self.ctx.rng.randrange(2**31)
+            seed, rule_id = errno_rule_draws(self.ctx.rng, self.ctx.fault_id, spec.seed)
             self.rule = Rule(id=rule_id, ops=spec.ops, errno=spec.errno, path_glob=spec.path_glob,
                              probability=spec.probability, seed=seed, count=spec.count,
                              after_bytes=int(spec.after_bytes) if spec.after_bytes is not None else None)

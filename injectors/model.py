@@ -41,10 +41,15 @@ class ModelParams(BaseModel):
                             "served from a new path, as when the revision is in the model name")
 
 
+def derived_weights_path(model_dir: Path, seed: int, scale: float) -> Path:
+    """Where v2 of (seed, scale) lives: a pure function, so ``--dry-run`` shows it without building it."""
+    return model_dir.with_name(f"{model_dir.name}-v2-s{seed}-x{scale:g}") / "model.safetensors"
+
+
 def derived_weights(model_dir: Path, seed: int, scale: float) -> Path:
     """v2's safetensors file, built on first use next to the cached model (never inside a run)."""
-    out_dir = model_dir.with_name(f"{model_dir.name}-v2-s{seed}-x{scale:g}")
-    out = out_dir / "model.safetensors"
+    out = derived_weights_path(model_dir, seed, scale)
+    out_dir = out.parent
     if not out.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / "model.safetensors.partial"

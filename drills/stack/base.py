@@ -21,6 +21,9 @@ from drills.stack.process import ProcessDriver, ServiceSpec
 
 class ProcessStack:
     ref: str = ""
+    # the Toxiproxy server's RNG seed (toxicity, jitter); the runner sets it from the scenario seed
+    # before prepare(), so the same scenario and seed draw the same connections
+    toxiproxy_seed: int = 0
     cache_log: str = ""  # the service log that carries the cache's own Stored/Retrieved lines
 
     def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:

@@ -150,6 +150,7 @@ class MooncakeStack(ProcessStack):
             "venv": venv, "bin": venv / "bin", "model_dir": self.model_dir, "served_model": SERVED_MODEL,
             "dtype": self.pins.dtype, "shim_dir": SHIM_DIR, "lmcache_config": self.lmcache_config,
             "kvdrill_python": sys.executable,
+            "toxiproxy_seed": self.toxiproxy_seed,
             "toxiproxy_config": write_toxiproxy_config(self.run_dir / "stack", self.proxies),
             "netns": self.netns.name, "ns_addr": self.netns.ns_addr,
             **{f"port_{k}": v for k, v in self.ports.items()},
@@ -160,7 +161,7 @@ class MooncakeStack(ProcessStack):
         }
         self.specs = render_services(COMPOSE_FILE, variables)
         self.journal.append("stack.prepared", ref="sandbox-mooncake", ports=self.ports, netns=self.netns.as_dict(),
-                            model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
+                            toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
                             lmcache_config=self.lmcache_config_doc())
 
     def create_netns(self) -> None:

@@ -180,7 +180,7 @@ class SandboxStack(ProcessStack):
         variables = {
             "venv": venv, "bin": venv / "bin", "model_dir": self.served_model_dir, "served_model": SERVED_MODEL,
             "dtype": self.pins.dtype, "patch_dir": PATCH_DIR, "kvdrill_python": sys.executable,
-            "toxiproxy_config": toxiproxy_config,
+            "toxiproxy_seed": self.toxiproxy_seed, "toxiproxy_config": toxiproxy_config,
             **{f"port_{k}": v for k, v in self.ports.items()},
             "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
             "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
@@ -193,7 +193,7 @@ class SandboxStack(ProcessStack):
         self._variables = variables
         self.specs = render_services(COMPOSE_FILE, variables)
         self.journal.append("stack.prepared", ref=self.options.ref, ports=self.ports, l2_dir=str(self.l2_dir),
-                            model_dir=str(self.model_dir), served_model_dir=str(self.served_model_dir),
+                            toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir), served_model_dir=str(self.served_model_dir),
                             l2_adapter=adapter, kv_transfer_config=kv_transfer)
 
     def serve_model_from(self, path: Path) -> None:

@@ -62,6 +62,10 @@ def test_scenario_reaches_its_declared_verdict(catalogue, scenario):
     verified = list(_events(run_dir, "fault.verified"))
     assert len(verified) == len(planned) and all(e["data"]["effective"] for e in verified)
     assert len(list(_events(run_dir, "fault.healed"))) == len(planned)
+    # every live target passed the isolation rules (a refusal is an ERROR, so exit 0 above proves it), and
+    # every fault drew from the rng the scenario seed names, recorded where a replay can read it back
+    started = next(_events(run_dir, "run.started"))["data"]
+    assert all(e["data"]["rng_seed"] == started["seeds"]["faults"][e["data"]["fault_id"]] for e in planned)
     assert (run_dir / "logs" / "engine.log").is_file()  # a reused stack's logs are linked into every run
 
 

@@ -1,0 +1,326 @@
+"""``kvdrill run --dry-run``: the plan of a drill, resolved against the stack spec, with nothing started.
+
+Every fault's targets are resolved against what the scenario's stack *would* create (its services,
+Toxiproxy proxies, kernel links, run-owned filesystems and paths) and put through the isolation rules
+(drills/isolation.py) exactly as at run time. Every seeded choice is shown: those that need no live
+stack are drawn here with the same functions the run uses (so they are the run's values), those that
+depend on live data (which chunk files exist, their sizes) are shown as the seeded rule that will pick
+them. The same scenario and seed give a byte-identical ``--json`` plan.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, RootModel
+from rich.console import Console
+from rich.table import Table
+from ruamel.yaml import YAML
+
+from drills import seeds
+from drills.isolation import IsolationPolicy, Owned, Refusal
+from drills.pins import load_pins, model_dir
+from drills.scenario import FaultSpec, LoadedScenario, Scenario
+from drills.stack import mooncake, sandbox
+
+RUN_ID = "<run-id>"  # chosen at run time (timestamp + random suffix: a name, never a choice the drill acts on)
+NETNS_HOST = "kvd-netns"  # stands for the address of the namespace the run creates (chosen at up)
+# the proxies each stack's Toxiproxy serves (SandboxStack.proxies / MooncakeStack.proxies; a unit test
+# keeps these in step) and the links the kernel backend can shape (NetworkParams.link)
+PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"]}
+KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"]}
+COMPOSE = {"sandbox": sandbox.COMPOSE_FILE, "sandbox-mooncake": mooncake.COMPOSE_FILE}
+PHASES = ["preflight", "up", "oracle", "warm", "steady", "chaos", "heal", "recovery", "drain", "checks", "report",
+          "down"]
+# random choices no scenario seed reaches, said plainly
+UNSEEDED_NAMES = ["run id suffix, namespace name/subnet, filesystem ids: names only, the drill does not act on them",
+                  "the aesgcm serde key (l2_serde: aesgcm): fresh key material per stack"]
+
+
+class PlanError(ValueError):
+    pass
+
+
+@dataclass
+class StackView:
+    """What a stack spec will create, known without starting it."""
+
+    ref: str
+    run_dir: Path
+    services: dict[str, dict[str, Any]]
+    l2_dir: Path | None
+    l2_fs: dict[str, Any] | None
+    netns: bool
+    model_dir: Path
+
+    def toxiproxy_url(self) -> str:
+        if self.netns:
+            return f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['toxiproxy']}"
+        return "http://127.0.0.1:<free port>"
+
+    def owned(self) -> Owned:
+        return Owned(dirs=[self.run_dir, self.model_dir.parent], symbolic_hosts={NETNS_HOST} if self.netns else set())
+
+
+@dataclass
+class FaultPlan:
+    id: str
+    injector: str
+    params: dict[str, Any]
+    trigger: dict[str, Any]
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    seeded: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
+    ref = sc.stack.ref
+    doc = YAML(typ="safe", pure=True).load(COMPOSE[ref].read_text())
+    services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw["argv"])}
+                for name, raw in doc["services"].items()}
+    run_dir = reports_dir / RUN_ID
+    l2 = run_dir / "stack" / "l2" if ref == "sandbox" else None
+    fs = sc.stack.lmcache.l2_fs if ref == "sandbox" else None
+    return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2,
+                     l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=ref == "sandbox-mooncake",
+                     model_dir=model_dir(load_pins()))
+
+
+def _program(argv: list[Any]) -> str:
+    """``lmcache server``, ``python -m vllm.entrypoints...``: what runs, without the install paths."""
+    words = [Path(str(a).replace("{kvdrill_python}", "python")).name for a in argv[:3]]
+    return " ".join(w for w in words if not w.startswith("-") or w == "-m")
+
+
+def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), reports_dir: Path = Path("reports")
+               ) -> dict[str, Any]:
+    sc = loaded.scenario
+    view = stack_view(sc, reports_dir)
+    policy = IsolationPolicy.build(sc, allow_targets, view.owned())
+    faults: list[FaultPlan] = []
+    refusals: list[Refusal] = policy.check_declared()
+    for i, (spec, params) in enumerate(zip(sc.chaos.faults, loaded.fault_params)):
+        fp = _plan_fault(i, spec, params, sc, view)
+        where = f"chaos.faults[{i}] ({spec.injector})"
+        for t in fp.targets:
+            refusals += policy.check_target(t, where)
+        faults.append(fp)
+    # the halt/probe URLs of other features go through policy.check_url; the stack's own are listed here
+    urls = {"engine": f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['engine']}" if view.netns
+            else "http://127.0.0.1:<free port>", "baseline": "http://127.0.0.1:<free port>",
+            "toxiproxy": view.toxiproxy_url()}
+    refusals += [r for name, u in urls.items() if (r := policy.check_url(u, f"stack url {name}"))]
+    problems = [f"{f.id}: {p}" for f in faults for p in f.problems]
+    wl = sc.workload
+    return {
+        "scenario": {"name": sc.name, "path": str(loaded.path), "seed": sc.seed},
+        "allowed": not refusals and not problems,
+        "refusals": [r.as_dict() for r in refusals],
+        "problems": problems,
+        "stack": {"ref": view.ref, "run_dir": str(view.run_dir), "services": view.services, "urls": urls,
+                  "proxies": PROXIES[view.ref], "kernel_links": KERNEL_LINKS[view.ref],
+                  "l2_dir": str(view.l2_dir) if view.l2_dir else None, "l2_fs": view.l2_fs,
+                  "netns": "kvd-<8 hex> (created by the run, deleted at down)" if view.netns else None,
+                  "reuse": sc.stack.reuse},
+        "phases": [p for p in PHASES if p != "recovery" or sc.recovery.enabled],
+        "workload": {**wl.model_dump(mode="json"), "prompt_seed": seeds.WORKLOAD.format(seed=sc.seed),
+                     "fresh_prompt_seed": seeds.WORKLOAD_FRESH.format(seed=sc.seed)
+                     if wl.chaos_prompts == "fresh" else None},
+        "chaos_actions": list(sc.chaos.actions),
+        "recovery": sc.recovery.model_dump(mode="json"),
+        "seeds": {**seeds.run_seeds(sc.seed, wl.chaos_prompts == "fresh", [f.id for f in faults]),
+                  "unseeded": UNSEEDED_NAMES + [f"{f.id}: {u}" for f in faults for u in f.seeded.get("unseeded", [])]},
+        "faults": [{"id": f.id, "injector": f.injector, "params": f.params, "trigger": f.trigger,
+                    "targets": f.targets, "seeded": f.seeded, "problems": f.problems} for f in faults],
+        "checks": {name: c.enabled for name, c in sc.checks},
+        "expect": sc.expect.model_dump(mode="json") if sc.expect else None,
+    }
+
+
+def _plan_fault(i: int, spec: FaultSpec, params: BaseModel, sc: Scenario, view: StackView) -> FaultPlan:
+    fid = seeds.fault_id(i, spec.injector)
+    trigger = spec.trigger.model_dump(mode="json", exclude_none=True) if spec.trigger else {"before_traffic": True}
+    fp = FaultPlan(id=fid, injector=spec.injector, params=params.model_dump(mode="json"), trigger=trigger)
+    fp.seeded["rng_seed"] = seeds.fault_rng_seed(sc.seed, fid)
+    # triggers have no random part: at / after_requests / when fire on their condition, without jitter
+    fp.seeded["trigger_jitter"] = "none (kvdrill adds no random jitter to triggers)"
+    inner = params.root if isinstance(params, RootModel) else params
+    planner = _PLANNERS.get(spec.injector)
+    if planner is None:
+        fp.problems.append(f"no dry-run planner for injector {spec.injector!r}: its targets need a live stack")
+    else:
+        planner(fp, inner, sc, view)
+    return fp
+
+
+def _process(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    if p.service not in view.services:
+        fp.problems.append(f"no service {p.service!r} in stack {view.ref}; it starts: {', '.join(view.services)}")
+        return
+    fp.targets.append({"service": p.service, "pgid": "<the process group kvdrill starts for it>",
+                       "action": p.action, "netns": view.services[p.service]["netns"]})
+
+
+def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    if view.ref != "sandbox-mooncake":
+        fp.problems.append("store faults need the Mooncake store: stack.ref: sandbox-mooncake")
+        return
+    _process(fp, p, sc, view)
+    if fp.targets:
+        fp.targets[0]["master_metrics_url"] = f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics"
+
+
+def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    names = [t.name or f"kvdrill-{fp.id}-{n}" for n, t in enumerate(p.toxics)]
+    partial = [t for t in p.toxics if t.toxicity < 1]
+    if p.backend == "toxiproxy":
+        if p.proxy not in PROXIES[view.ref]:
+            fp.problems.append(f"no proxy {p.proxy!r} on the {view.ref} stack's Toxiproxy; it has: "
+                               f"{', '.join(PROXIES[view.ref])}")
+            return
+        fp.targets.append({"backend": "toxiproxy", "url": view.toxiproxy_url(), "proxy": p.proxy,
+                           "toxics": names, "down": p.down})
+        if partial or any(t.type == "latency" and t.attributes.get("jitter") for t in p.toxics):
+            fp.seeded["toxicity_and_jitter"] = (f"the stack's Toxiproxy server draws them from "
+                                                f"Random({seeds.toxiproxy_seed(sc.seed)}) (seeds.toxiproxy); on a "
+                                                "stack reused in a suite, from the seed of the drill that started it")
+        return
+    if not view.netns or p.link not in KERNEL_LINKS[view.ref]:
+        fp.problems.append(f"the kernel backend acts only in a namespace the run creates: link {p.link!r} needs "
+                           "stack.ref: sandbox-mooncake")
+        return
+    fp.targets.append({"backend": "kernel", "netns": "<the run's kvd-* namespace>", "link": p.link,
+                       "ports": "<the link's ports, read from the namespace at plan time>", "toxics": names,
+                       "loss_percent": p.loss_percent, "down": p.down})
+    unseeded = []
+    if partial:
+        unseeded.append("toxicity < 1 on the kernel backend: nft `numgen random` decides per connection; the "
+                        "kernel's RNG cannot be seeded, so which connections are hit is NOT reproducible")
+    if p.loss_percent is not None:
+        unseeded.append("loss_percent: nft `numgen random` drops packets; the kernel's RNG cannot be seeded, so "
+                        "which packets are lost is NOT reproducible (only the rate is)")
+    if unseeded:
+        fp.seeded["unseeded"] = unseeded
+
+
+def _disk(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    from injectors.disk import Errno, Inodes, Shrink, errno_rule_draws
+
+    fs = view.l2_fs
+    if view.l2_dir is None or fs is None:
+        fp.problems.append("disk faults act only on a filesystem the run mounts: set stack.lmcache.l2_fs "
+                           "(stack.ref: sandbox)")
+        return
+    stack_dir = view.run_dir / "stack"
+    mountpoint = stack_dir / "l2fs" if fs["faultfs"] else view.l2_dir
+    target = {"mode": p.mode, "l2_dir": str(view.l2_dir), "mountpoint": str(mountpoint), "kind": fs["kind"],
+              "size": fs["size"]}
+    if isinstance(p, Errno):
+        if not fs["faultfs"]:
+            fp.problems.append("mode errno needs the fault filesystem: stack.lmcache.l2_fs.faultfs: true")
+            return
+        seed, rule_id = errno_rule_draws(seeds.fault_rng(sc.seed, fp.id), fp.id, p.seed)
+        target["rule"] = {"id": rule_id, "errno": p.errno, "ops": p.ops, "path_glob": p.path_glob,
+                          "probability": p.probability, "seed": seed}
+        fp.seeded["errno_rule"] = {"id": rule_id, "probability_seed": seed,
+                                   "from": "params.seed" if p.seed is not None else "the fault's rng (first draw)"}
+    elif isinstance(p, Shrink) and fs["kind"] != "tmpfs":
+        fp.problems.append("mode shrink needs a tmpfs L2 filesystem (stack.lmcache.l2_fs.kind: tmpfs)")
+    elif isinstance(p, Inodes) and fs.get("inodes") is None:
+        fp.problems.append("mode inodes needs stack.lmcache.l2_fs.inodes")
+    fp.targets.append(target)
+
+
+def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    from injectors.kv_corrupt import Bitflip, Stale, Swap
+
+    if view.l2_dir is None:
+        fp.problems.append("kv_corrupt acts on LMCache's fs L2 chunk files: stack.ref: sandbox")
+        return
+    n = sc.workload.prompts
+    ids = list(range(n)) if p.prompts == "all" else list(p.prompts)
+    bad = [x for x in ids if x >= n]
+    if bad:
+        fp.problems.append(f"prompts {bad} do not exist; the workload has {n} (indices 0..{n - 1})")
+        return
+    if isinstance(p, Bitflip) and p.bit_class == "exponent" and sc.stack.lmcache.l2_serde != "none":
+        fp.problems.append("bit_class 'exponent' needs raw fp32 chunk files (stack.lmcache.l2_serde: none)")
+    for pid in ids:
+        t: dict[str, Any] = {"prompt": pid, "chunk": p.chunk,
+                             "path": str(view.l2_dir / f"<chunk file of prompt {pid}, chunk {p.chunk}>")}
+        if isinstance(p, Swap):
+            other = p.chunk + 1 if p.with_chunk is None else p.with_chunk
+            t["other_path"] = str(view.l2_dir / f"<chunk file of prompt {pid}, chunk {other}>")
+        if isinstance(p, Stale):
+            src = p.from_prompt if p.from_prompt is not None else "<the next prompt whose chunk differs>"
+            t["source_path"] = str(view.l2_dir / f"<chunk file of prompt {src}, chunk {p.chunk}>")
+        fp.targets.append(t)
+    if isinstance(p, Bitflip):
+        draw = ("randrange(size // 4) * 32 + choice(FP32_EXPONENT_BITS)" if p.bit_class == "exponent"
+                else "randrange(size * 8)")
+        fp.seeded["bit_positions"] = (f"{p.bits} distinct bit(s) per file, each {draw} from "
+                                      f"Random({seeds.fault_rng_seed(sc.seed, fp.id)!r}), files in target order; "
+                                      "size is the chunk file's size at run time")
+    fp.seeded["chunk_files"] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
+                                f"{seeds.WORKLOAD.format(seed=sc.seed)!r}); no random choice")
+
+
+def _model(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    from injectors.model import UPGRADED, derived_weights_path
+
+    if view.ref != "sandbox":
+        fp.problems.append("model faults swap weights on the sandbox stack: stack.ref: sandbox")
+        return
+    fp.targets.append({"services": list(UPGRADED), "served_path": p.served_path,
+                       "v1": {"path": str(view.model_dir / "model.safetensors")},
+                       "v2": {"path": str(derived_weights_path(view.model_dir, p.seed, p.scale))}})
+    fp.seeded["v2_weight_noise"] = (f"params.seed {p.seed}, scale {p.scale}: explicit so the derived weights are "
+                                    "cached across runs and scenarios")
+
+
+_PLANNERS = {"process": _process, "store": _store, "network": _network, "disk": _disk, "kv_corrupt": _kv_corrupt,
+             "model": _model}
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+def to_json(plan: dict[str, Any]) -> str:
+    return json.dumps(plan, indent=2, sort_keys=True)
+
+
+def render(plan: dict[str, Any], console: Console) -> None:
+    sc, st = plan["scenario"], plan["stack"]
+    console.print(f"[bold]dry run[/] {sc['name']} ({sc['path']}), seed {sc['seed']}: nothing started, "
+                  "nothing injected")
+    console.print(f"stack [bold]{st['ref']}[/] in {st['run_dir']}; phases: {' → '.join(plan['phases'])}")
+    services = Table("service", "program", "in namespace", title="services the stack starts", title_justify="left")
+    for name, s in st["services"].items():
+        services.add_row(name, s["program"], "yes" if s["netns"] else "no")
+    console.print(services)
+    for f in plan["faults"]:
+        # one key/value table per fault: long targets fold instead of being cut off in a narrow terminal
+        t = Table(show_header=False, title=f"fault {f['id']}", title_justify="left", show_lines=True)
+        t.add_column(style="bold", no_wrap=True)
+        t.add_column(overflow="fold")
+        t.add_row("injector", f["injector"])
+        t.add_row("trigger", json.dumps(f["trigger"]))
+        t.add_row("params", json.dumps(f["params"], sort_keys=True))
+        for n, target in enumerate(f["targets"]):
+            t.add_row(f"target {n}", json.dumps(target, sort_keys=True))
+        for k, v in f["seeded"].items():
+            t.add_row(f"seeded: {k}", v if isinstance(v, str) else json.dumps(v, sort_keys=True))
+        console.print(t)
+    s = plan["seeds"]
+    console.print(f"seeds: workload {s['workload']!r}, toxiproxy {s['toxiproxy']}, per fault "
+                  + ", ".join(f"{k}={v!r}" for k, v in s["faults"].items()))
+    for u in s["unseeded"]:
+        console.print(f"  unseeded: {u}")
+    for p in plan["problems"]:
+        console.print(f"[red]cannot resolve[/] {p}")
+    for r in plan["refusals"]:
+        console.print(f"[red]refused[/] ({r['rule']} rule) {r['where']}: {r['target']}: {r['why']}.\n"
+                      f"  to allow it: {r['fix']}")
+    console.print("[green]plan allowed[/]" if plan["allowed"] else "[red]plan refused[/]: nothing would run")

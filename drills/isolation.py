@@ -1,0 +1,242 @@
+"""Isolation preflight: what a drill may contact, write or signal.
+
+kvdrill acts only on what the run created: loopback, addresses inside a network namespace the run made,
+paths under its own directories, process groups it started. Anything else must be named by the scenario
+(``targets:``), and an outside host additionally by the operator on the command line
+(``--allow-target HOST``): a scenario file alone can never aim a drill at another machine.
+
+One :class:`IsolationPolicy` is built per run from the scenario, the flag and the stack's creations;
+every planned fault target goes through :meth:`IsolationPolicy.check_target` (one call per target), and
+other code that contacts a URL (e.g. halt-condition probes) calls :meth:`IsolationPolicy.check_url`.
+A refusal says which rule, which target, and exactly what to add.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from injectors.base import InjectionError
+
+if TYPE_CHECKING:
+    from drills.scenario import Scenario
+
+Rule = Literal["host", "path", "process"]
+
+# keys of a planned target (injectors' plan() output) that name something the fault touches
+PATH_KEYS = frozenset({"path", "other_path", "source_path", "l2_dir", "mountpoint", "readonly_target"})
+HOSTPORT_KEYS = frozenset({"listen", "upstream"})
+PGID_KEYS = frozenset({"pgid"})
+
+
+@dataclass(frozen=True)
+class Refusal:
+    rule: Rule
+    target: str
+    where: str
+    why: str
+    fix: str
+
+    def render(self) -> str:
+        return f"refused ({self.rule} rule) {self.where}: {self.target}: {self.why}. To allow it: {self.fix}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"rule": self.rule, "target": self.target, "where": self.where, "why": self.why, "fix": self.fix}
+
+
+class IsolationError(InjectionError):
+    """One or more targets are outside what the run owns and the scenario names: the drill does not run."""
+
+    def __init__(self, refusals: list[Refusal]) -> None:
+        self.refusals = refusals
+        super().__init__("\n".join(r.render() for r in refusals))
+
+
+@dataclass(frozen=True)
+class NamedProcess:
+    """A process the run did not start, named by the scenario: its pid and its exact command line."""
+
+    pid: int
+    cmdline: tuple[str, ...]
+
+
+@dataclass
+class Owned:
+    """What this run created (or kvdrill's own cache, which `kvdrill setup` created)."""
+
+    dirs: list[Path] = field(default_factory=list)
+    netns_addrs: set[str] = field(default_factory=set)  # addresses inside namespaces the run created
+    pgids: set[int] = field(default_factory=set)
+    symbolic_hosts: set[str] = field(default_factory=set)  # dry-run: "<netns>" stands for the address to come
+
+
+@dataclass
+class IsolationPolicy:
+    owned: Owned
+    scenario_hosts: frozenset[str] = frozenset()
+    flag_hosts: frozenset[str] = frozenset()
+    scenario_paths: tuple[Path, ...] = ()
+    scenario_processes: tuple[NamedProcess, ...] = ()
+
+    @classmethod
+    def build(cls, scenario: Scenario, allow_targets: Iterable[str], owned: Owned) -> IsolationPolicy:
+        t = scenario.targets
+        return cls(owned=owned, scenario_hosts=frozenset(_norm_host(h) for h in t.hosts),
+                   flag_hosts=frozenset(_norm_host(h) for h in allow_targets),
+                   scenario_paths=tuple(Path(p) for p in t.paths),
+                   scenario_processes=tuple(NamedProcess(p.pid, tuple(p.cmdline)) for p in t.processes))
+
+    # --- rules -------------------------------------------------------------------------------------
+
+    def check_host(self, host: str, where: str) -> Refusal | None:
+        h = _norm_host(host)
+        if _is_loopback(h) or h in self.owned.netns_addrs or h in self.owned.symbolic_hosts:
+            return None
+        in_scenario, in_flag = h in self.scenario_hosts, h in self.flag_hosts
+        if in_scenario and in_flag:
+            return None
+        if in_scenario:
+            why, fix = ("the scenario allowlists it, but the command line does not",
+                        f"also pass `--allow-target {h}` to kvdrill")
+        elif in_flag:
+            why, fix = ("--allow-target names it, but the scenario's allowlist does not",
+                        f"add `{h}` under `targets: hosts:` in the scenario")
+        else:
+            why, fix = ("not loopback and not inside a network namespace this run created",
+                        f"add `{h}` under `targets: hosts:` in the scenario AND pass `--allow-target {h}`")
+        return Refusal("host", h, where, why, fix)
+
+    def check_url(self, url: str, where: str) -> Refusal | None:
+        host = urlsplit(url).hostname
+        if not host:
+            return Refusal("host", url, where, "the URL names no host", "give a URL with an explicit host")
+        return self.check_host(host, where)
+
+    def check_hostport(self, hostport: str, where: str) -> Refusal | None:
+        host = hostport.rsplit(":", 1)[0] if ":" in hostport else hostport
+        return self.check_host(host.strip("[]") or "0.0.0.0", where)
+
+    def check_path(self, path: str | Path, where: str) -> Refusal | None:
+        p = Path(os.path.abspath(path))  # lexical: a path that does not exist yet (dry-run) still resolves
+        real = Path(os.path.realpath(path))
+        for base in [*self.owned.dirs, *self.scenario_paths]:
+            b = Path(os.path.abspath(base))
+            if _inside(p, b) and _inside(real, Path(os.path.realpath(base))):
+                return None
+        return Refusal("path", str(p), where, "outside every directory this run created",
+                       f"add `{p}` (or a directory above it) under `targets: paths:` in the scenario")
+
+    def check_process(self, pid: int, where: str, cmdline: Iterable[str] | None = None) -> Refusal | None:
+        if pid in self.owned.pgids:
+            return None
+        actual = tuple(cmdline) if cmdline is not None else read_cmdline(pid)
+        for named in self.scenario_processes:
+            if named.pid == pid and actual is not None and named.cmdline == actual:
+                return None
+        shown = " ".join(actual) if actual else "(no such process)"
+        named_pid = [n for n in self.scenario_processes if n.pid == pid]
+        why = ("the scenario names this pid, but its command line differs" if named_pid
+               else "this run did not start it")
+        return Refusal("process", f"pid {pid} [{shown}]", where, why,
+                       f"add under `targets: processes:` the entry `{{pid: {pid}, cmdline: {list(actual or [])}}}` "
+                       "(pid and exact /proc/PID/cmdline)")
+
+    # --- one call per planned target ---------------------------------------------------------------
+
+    def check_target(self, target: dict[str, Any], where: str) -> list[Refusal]:
+        """Every host, path and process group a planned target names (found by key, at any depth)."""
+        found: list[Refusal | None] = []
+        for key, value in _walk(target):
+            if isinstance(value, str) and value.startswith("<"):
+                continue  # dry-run placeholder for something the stack creates at run time
+            if key in PATH_KEYS and isinstance(value, str):
+                found.append(self.check_path(value, where))
+            elif (key == "url" or key.endswith("_url")) and isinstance(value, str):
+                found.append(self.check_url(value, where))
+            elif key in HOSTPORT_KEYS and isinstance(value, str):
+                found.append(self.check_hostport(value, where))
+            elif key in PGID_KEYS and isinstance(value, int):
+                found.append(self.check_process(value, where))
+        return [r for r in found if r is not None]
+
+    def check_declared(self) -> list[Refusal]:
+        """What the scenario and the command line declare: each outside host must be named by both (an
+        allowlist entry alone, or a flag alone, is refused so a typo cannot pass silently), and each
+        named process must exist now with exactly the named command line."""
+        hosts = sorted(self.scenario_hosts | self.flag_hosts)
+        found = [self.check_host(h, "targets.hosts" if h in self.scenario_hosts else "--allow-target") for h in hosts]
+        for n in self.scenario_processes:
+            actual = read_cmdline(n.pid)
+            if actual != n.cmdline:
+                found.append(Refusal(
+                    "process", f"pid {n.pid}", "targets.processes",
+                    "no such process now" if actual is None else f"its command line is {list(actual)}, not the "
+                                                                    f"named {list(n.cmdline)}",
+                    "name the running test process by its pid and its exact /proc/PID/cmdline"))
+        return [r for r in found if r is not None]
+
+    def enforce(self, targets: list[dict[str, Any]], where: str) -> None:
+        refusals = [r for t in targets for r in self.check_target(t, where)]
+        if refusals:
+            raise IsolationError(refusals)
+
+
+def policy_for(scenario: Scenario, allow_targets: Iterable[str] = (), stack: Any = None) -> IsolationPolicy:
+    """The run's policy; with no stack yet, only loopback and the scenario's named targets pass. For code
+    that contacts something on its own (e.g. halt-condition probes):
+    ``if (r := policy_for(sc, flags, stack).check_url(url, "halt[0]")): raise IsolationError([r])``."""
+    return IsolationPolicy.build(scenario, allow_targets, owned_by_stack(stack) if stack is not None else Owned())
+
+
+def owned_by_stack(stack: Any) -> Owned:
+    """What a live stack created: its directory, kvdrill's model cache, its namespace, its process groups."""
+    dirs = [Path(stack.run_dir)]
+    if getattr(stack, "model_dir", None) is not None:
+        dirs.append(Path(stack.model_dir).parent)  # kvdrill's own model cache (the model injector's v1/v2)
+    addrs: set[str] = set()
+    netns = getattr(stack, "netns", None)
+    if netns is not None and getattr(stack, "netns_created", False):
+        addrs |= {str(netns.ns_addr), str(netns.host_addr)}
+    pgids = {svc.pid for svc in stack.driver.services.values()}
+    return Owned(dirs=dirs, netns_addrs=addrs, pgids=pgids)
+
+
+def read_cmdline(pid: int) -> tuple[str, ...] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def _walk(node: Any, key: str | None = None):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, str(k))
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v, key)
+    elif key is not None:
+        yield key, node
+
+
+def _norm_host(host: str) -> str:
+    return host.strip().strip("[]").lower()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _inside(path: Path, base: Path) -> bool:
+    return path == base or base in path.parents
