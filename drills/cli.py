@@ -117,6 +117,25 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
     raise typer.Exit(outcome.exit_code)
 
 
+@app.command()
+def rollback(run: str = typer.Argument(..., help="run directory, run id under --reports-dir, or suite directory"),
+             reports_dir: Path = REPORTS) -> None:
+    """Heal whatever a run left injected or running (after kill -9, a crash or Ctrl-C), from its journal.
+    Idempotent; exit 0 when nothing is left, 1 when something could not be undone."""
+    from drills.rollback import render, resolve_run
+    from drills.rollback import rollback as do_rollback
+
+    try:
+        runs = resolve_run(run, reports_dir)
+    except FileNotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from exc
+    reports = [do_rollback(r) for r in runs]
+    for r in reports:
+        render(r, out)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
 @sandbox_app.command("up")
 def sandbox_up(reports_dir: Path = REPORTS) -> None:
     """Start the sandbox stack and leave it running (state in REPORTS/sandbox.json)."""
