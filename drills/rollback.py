@@ -142,7 +142,7 @@ def stack_tags(run_dir: Path, history: History) -> set[str]:
     return tags
 
 
-def _stop_processes(run_dir: Path, history: History, report: RollbackReport) -> None:
+def _stop_processes(run_dir: Path, history: History, report: RollbackReport, grace: float) -> None:
     tags = stack_tags(run_dir, history)
     tagged = tagged_pids(tags)
     groups: dict[int, str] = {}  # pgid -> service, for groups whose leader is provably ours
@@ -178,7 +178,7 @@ def _stop_processes(run_dir: Path, history: History, report: RollbackReport) -> 
         for pid in singles:
             _signal(pid, sig, group=False)
     sent = {t: ["SIGTERM"] for t in (*groups, *singles)}
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace
     while time.monotonic() < deadline and _living(groups, singles):
         time.sleep(0.1)
     for pg in groups:
@@ -269,7 +269,7 @@ def resolve_run(run: str, reports_dir: Path) -> list[Path]:
     return runs
 
 
-def rollback(run_dir: Path) -> RollbackReport:
+def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
     run_dir = run_dir.resolve()
     history = read_history(run_dir / JOURNAL_NAME)
     report = RollbackReport(run_dir=run_dir, problems=list(history.problems))
@@ -280,7 +280,7 @@ def rollback(run_dir: Path) -> RollbackReport:
                        faults=len(list(history.of_type("fault.undo"))))
         argv_of = {e.data.get("pgid", e.data.get("pid")): e.data.get("argv") or [] for e in history.of_type("service.started")}
         _undo_faults(history, report, argv_of)
-        _stop_processes(run_dir, history, report)
+        _stop_processes(run_dir, history, report, grace)
         _remove_filesystems(history, report)
         _delete_namespaces(history, report)
         _remove_served(stack_tags(run_dir, history), report)
