@@ -138,7 +138,9 @@ def stack_tags(run_dir: Path, history: History) -> set[str]:
     """The ``KVDRILL_RUN`` values the run's services carry: its stack directories."""
     tags = {str(run_dir)}
     tags |= {e.data["tag"] for e in history.of_type("service.started") if e.data.get("tag")}
-    tags |= {e.data["stack_dir"] for e in history.of_type("stack.fresh") if e.data.get("stack_dir")}
+    # a suite's run may have started its stack (stack.fresh) or used one an earlier drill left (stack.reused)
+    tags |= {e.data["stack_dir"] for e in history.of_type("stack.fresh", "stack.reused", "stack.repairing")
+             if e.data.get("stack_dir")}
     return tags
 
 
@@ -167,10 +169,10 @@ def _stop_processes(run_dir: Path, history: History, report: RollbackReport, gra
         else:
             singles[pid] = f"unrecorded process {pid} (KVDRILL_RUN tag)"
     if not groups and not singles:
+        _remove_shm(_recorded_pids(history), report)
         return
     members = {pg: group_members(pg) | {pg} for pg in groups}
     every = set(singles) | {p for m in members.values() for p in m}
-    shm_names = {p.name for p in Path("/dev/shm").iterdir()}
     # thaw first: a stopped process does not act on SIGTERM, and a frozen one may hold what others wait for
     for sig in (signal.SIGCONT, signal.SIGTERM):
         for pg in groups:
@@ -196,8 +198,28 @@ def _stop_processes(run_dir: Path, history: History, report: RollbackReport, gra
         left = [p for p in (group_members(target) if target in groups else {target}) if _alive(p)]
         report.items.append(Item("process", "failed" if left else "undone",
                                  f"{label}: " + (f"pids {left} still alive" if left else f"stopped ({', '.join(sent[target])})")))
-    # LMCache's lmcache_kv_<pid>_* and OpenMP's files named after a member; nothing that existed unnamed
-    for seg in remove_shm_of(every, existed_before=shm_names):
+    _remove_shm(every | _recorded_pids(history), report)
+
+
+def _recorded_pids(history: History) -> set[int]:
+    """Every pid the journal says belonged to the run: service leaders, stopped groups, fault targets (a
+    process fault records the group's members, so a group it killed before the crash still names them)."""
+    pids: set[int] = set()
+    for e in history.of_type("service.started", "service.stopped"):
+        pids |= {e.data.get("pid")} | set(e.data.get("group") or [])
+    for e in history.of_type("fault.planned"):
+        for t in e.data.get("targets") or []:
+            if isinstance(t, dict):
+                pids |= set(t.get("members") or []) | {t.get("pgid")}
+    return {p for p in pids if isinstance(p, int)}
+
+
+def _remove_shm(pids: set[int], report: RollbackReport) -> None:
+    """LMCache's ``lmcache_kv_<pid>_*`` and OpenMP's files named after a dead process of the run (a live
+    pid may have been recycled by someone else: its files are not ours); unnamed files are never touched."""
+    dead = {p for p in pids if not _alive(p)}
+    existed = {p.name for p in Path("/dev/shm").iterdir()}
+    for seg in remove_shm_of(dead, existed_before=existed):
         report.items.append(Item("shm", "undone", f"removed /dev/shm/{seg['segment']} ({seg['bytes']} bytes)"))
 
 
