@@ -291,6 +291,20 @@ def resolve_run(run: str, reports_dir: Path) -> list[Path]:
     return runs
 
 
+def live_owner(run_dir: Path) -> int | None:
+    """The pid of the kvdrill that runs this drill, if it is still alive (then it heals itself: a rollback
+    now would pull its stack away under it)."""
+    started = read_history(run_dir / JOURNAL_NAME).first("run.started")
+    pid = (started.data if started else {}).get("kvdrill_pid")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if b"kvdrill" in cmdline and _alive(pid) else None
+
+
 def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
     run_dir = run_dir.resolve()
     history = read_history(run_dir / JOURNAL_NAME)

@@ -221,3 +221,22 @@ def test_resolve_run_by_id_and_suite(tmp_path):
     assert [p.name for p in rb.resolve_run(str(reports / "suite-x"), reports)] == ["a", "b"]
     with pytest.raises(FileNotFoundError):
         rb.resolve_run("nope", reports)
+
+
+def test_refuses_a_run_whose_kvdrill_is_alive_unless_forced(tmp_path):
+    run = tmp_path / "run"
+    # a live process whose command line names kvdrill stands in for the drill's own kvdrill
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "kvdrill"])
+    try:
+        j = Journal(run)
+        j.append("run.started", run_id="r", name="t", kvdrill_pid=owner.pid)
+        j.close()
+        refused = CliRunner().invoke(app, ["rollback", str(run)])
+        assert refused.exit_code == 2 and f"kvdrill pid {owner.pid}" in refused.output
+        assert read_history(run).first("rollback.started") is None
+        forced = CliRunner().invoke(app, ["rollback", str(run), "--force"])
+        assert forced.exit_code == 0, forced.output
+        assert owner.poll() is None  # the owner itself is not one of the run's services
+    finally:
+        owner.kill()
+        owner.wait()
