@@ -58,7 +58,8 @@ def undo(record: dict[str, Any]) -> HealReport:
     report = HealReport()
     action, service, pgid = record.get("action"), record.get("service"), record.get("pgid")
     if action != "cont":
-        report.already_healed.append(f"{service}: {'left down by the fault (the stack is stopped, not restarted)' if action == 'start' else 'nothing to undo'}")
+        why = "left down by the fault (the stack is stopped, not restarted)" if action == "start" else "nothing to undo"
+        report.already_healed.append(f"{service}: {why}")
         return report
     members = group_members(pgid) if pgid else set()
     if not members:
