@@ -133,6 +133,33 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
     raise typer.Exit(outcome.exit_code)
 
 
+@app.command()
+def rollback(run: str = typer.Argument(..., help="run directory, run id under --reports-dir, or suite directory"),
+             reports_dir: Path = REPORTS,
+             force: bool = typer.Option(False, "--force", help="even while the run's kvdrill is still alive")) -> None:
+    """Heal whatever a run left injected or running (after kill -9, a crash or Ctrl-C), from its journal.
+    Idempotent; exit 0 when nothing is left, 1 when something could not be undone."""
+    from drills.rollback import live_owner, render, resolve_run
+    from drills.rollback import rollback as do_rollback
+
+    try:
+        runs = resolve_run(run, reports_dir)
+    except FileNotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from exc
+    alive = {r: live_owner(r) for r in runs}
+    if not force and any(alive.values()):
+        for r, pid in alive.items():
+            if pid:
+                err.print(f"[red]{r.name} is still being run by kvdrill pid {pid}[/] (it heals itself on Ctrl-C or "
+                          "SIGTERM); stop it first, or pass --force")
+        raise typer.Exit(2)
+    reports = [do_rollback(r) for r in runs]
+    for r in reports:
+        render(r, out)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
 @sandbox_app.command("up")
 def sandbox_up(reports_dir: Path = REPORTS) -> None:
     """Start the sandbox stack and leave it running (state in REPORTS/sandbox.json)."""

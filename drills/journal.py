@@ -38,6 +38,11 @@ class Journal:
         run_dir.mkdir(parents=True, exist_ok=True)
         self._seq = sum(1 for _ in self.path.open("rb")) if self.path.exists() else 0
         self._fh = self.path.open("a", encoding="utf-8")
+        if _torn(self.path):
+            # a crash mid-write left a line without its newline: end it, so the next event (a rollback's)
+            # gets its own line instead of being glued to the torn one (the reader reports that one only)
+            self._fh.write("\n")
+            self._fh.flush()
         self.phase = "preflight"
 
     def append(self, type: str, **data: Any) -> Event:
@@ -67,6 +72,14 @@ class History:
 
     def first(self, type: str) -> Event | None:
         return next(self.of_type(type), None)
+
+
+def _torn(path: Path) -> bool:
+    with path.open("rb") as fh:
+        if fh.seek(0, os.SEEK_END) == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
 
 
 def read_history(path: Path) -> History:

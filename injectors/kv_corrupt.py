@@ -73,6 +73,8 @@ def restore(entries: list[dict[str, Any]]) -> HealReport:
     report = HealReport()
     for entry in entries:
         path, backup = Path(entry["path"]), Path(entry["backup"])
+        # a heal killed between its copy and its rename leaves this temporary file: never a chunk, remove it
+        path.with_name(path.name + ".kvdrill-heal").unlink(missing_ok=True)
         if sha256_file(path) == entry["sha256"]:
             report.already_healed.append(str(path))
             continue

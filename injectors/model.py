@@ -61,6 +61,27 @@ def derived_weights(model_dir: Path, seed: int, scale: float) -> Path:
     return out
 
 
+def undo(record: dict[str, Any]) -> HealReport:
+    """Undo a weight swap from its ``fault.undo`` record, from any process: the served link points at the
+    v1 weights again and the v2 served directory (symlinks only) is removed. Engines are not restarted
+    here: ``kvdrill rollback`` stops the run's engines, and a next start reads v1. Idempotent."""
+    report = HealReport()
+    served, weights = Path(record["served_model_dir"]), Path(record["weights"])
+    link = served / "model.safetensors"
+    if link.is_symlink() and link.resolve() != weights.resolve():
+        swap_link(link, weights)
+        report.undone.append(f"{link} points at the v1 weights {weights} again")
+    else:
+        report.already_healed.append(f"{link} serves the v1 weights" if link.is_symlink() else f"{link} is gone")
+    v2 = Path(f"{served}-v2")
+    if v2.is_dir() and all(p.is_symlink() for p in v2.iterdir()):
+        for p in v2.iterdir():
+            p.unlink()
+        v2.rmdir()
+        report.undone.append(f"removed the v2 served directory {v2}")
+    return report
+
+
 class ModelUpgrade(Injector):
     name = "model"
     Params = ModelParams

@@ -25,8 +25,10 @@ import asyncio
 import errno as errno_mod
 import socket
 import time
+from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from drills.stack.kernelnet import (
@@ -39,6 +41,7 @@ from drills.stack.kernelnet import (
     emulate_toxic,
     mooncake_transfer_ports,
 )
+from drills.stack.netns import NETNS_DIR
 from drills.toxiproxy import NotFound, ToxiproxyClient, ToxiproxyError
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
@@ -127,6 +130,51 @@ def first_byte(address: str, wait: float) -> dict[str, Any]:
         return {"errno": errno_mod.errorcode.get(exc.errno or 0, str(exc.errno)), "after_s": round(time.perf_counter() - start, 4)}
     finally:
         sock.close()
+
+
+def undo(record: dict[str, Any], timeout: float = 5.0) -> HealReport:
+    """Undo a network fault from its ``fault.undo`` record, from any process (``kvdrill rollback``).
+
+    toxiproxy: delete exactly the kvdrill-named toxics the record lists and re-enable a downed proxy; a
+    server that no longer answers took its toxics with it. kernel: clear what the kernel backend added
+    in the run's namespace (found from the kernel's state); a deleted namespace took its rules with it.
+    Idempotent: a toxic already gone or a table already deleted is reported as already healed."""
+    report = HealReport()
+    if record.get("backend") == "kernel":
+        name = record["netns"]
+        if not (Path(NETNS_DIR) / name).exists():
+            report.already_healed.append(f"namespace {name} is gone, and every kernel rule in it")
+            return report
+        cleared = KernelNet(name).clear()["cleared"]
+        (report.undone if cleared else report.already_healed).extend(
+            [f"kernel ({name}): {c}" for c in cleared] or [f"kernel ({name}): no kvdrill rule left"])
+        return report
+    url, proxy = record["url"].rstrip("/"), record["proxy"]
+    try:
+        with httpx.Client(base_url=url, timeout=timeout, trust_env=False) as http:
+            r = http.get(f"/proxies/{proxy}/toxics")
+            if r.status_code == 404:
+                report.already_healed.append(f"proxy {proxy} no longer exists on {url}")
+                return report
+            r.raise_for_status()
+            live = {t["name"] for t in r.json()}
+            for name in record.get("remove_toxics", []):
+                if name in live:
+                    http.delete(f"/proxies/{proxy}/toxics/{name}").raise_for_status()
+                    report.undone.append(f"removed toxic {name} from proxy {proxy}")
+                else:
+                    report.already_healed.append(f"toxic {name} not on proxy {proxy}")
+            if record.get("reenable"):
+                state = http.get(f"/proxies/{proxy}")
+                state.raise_for_status()
+                if state.json().get("enabled"):
+                    report.already_healed.append(f"proxy {proxy} is enabled")
+                else:
+                    http.post(f"/proxies/{proxy}", json={"enabled": True}).raise_for_status()
+                    report.undone.append(f"re-enabled proxy {proxy}")
+    except httpx.ConnectError:
+        report.already_healed.append(f"the Toxiproxy server at {url} is gone, and its toxics with it")
+    return report
 
 
 class NetworkFault(Injector):

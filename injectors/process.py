@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from drills.durations import Duration
-from drills.stack.process import group_members
+from drills.stack.process import group_members, leader_runs
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 SIGNALS = {"term": signal.SIGTERM, "kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
@@ -48,6 +48,31 @@ def process_states(pids: set[int]) -> dict[int, str]:
             continue
         states[pid] = text[text.rfind(")") + 2:].split()[0]
     return states
+
+
+def undo(record: dict[str, Any]) -> HealReport:
+    """Undo a process fault from its ``fault.undo`` record, from any process. A frozen group is thawed
+    (SIGCONT), only while its leader still runs the recorded command; a group the fault stopped for good
+    (term/kill) cannot be started from a record alone, so that is reported, and the caller stops the
+    rest of the stack anyway. Idempotent."""
+    report = HealReport()
+    action, service, pgid = record.get("action"), record.get("service"), record.get("pgid")
+    if action != "cont":
+        why = "left down by the fault (the stack is stopped, not restarted)" if action == "start" else "nothing to undo"
+        report.already_healed.append(f"{service}: {why}")
+        return report
+    members = group_members(pgid) if pgid else set()
+    if not members:
+        report.already_healed.append(f"{service} group {pgid} is gone")
+        return report
+    if record.get("argv") and not leader_runs(pgid, record["argv"]):
+        report.already_healed.append(f"{service}: pid {pgid} no longer runs the recorded command; not signalled")
+        return report
+    stopped = [p for p, s in process_states(members).items() if s == "T"]
+    os.killpg(pgid, signal.SIGCONT)
+    (report.undone if stopped else report.already_healed).append(
+        f"SIGCONT to {service} group {pgid}" + (f" ({len(stopped)} stopped process(es))" if stopped else " (none was stopped)"))
+    return report
 
 
 class ProcessFault(Injector):
@@ -84,7 +109,8 @@ class ProcessFault(Injector):
             await self.plan()  # restarted since it was planned (a triggered fault is planned early)
         undo = {"term": "start", "kill": "start", "stop": "cont", "cont": "none", "restart": "none"}[self.p.action]
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name,
-                                undo={"action": undo, "service": self.p.service, "pgid": svc.pid})
+                                undo={"action": undo, "service": self.p.service, "pgid": svc.pid,
+                                      "argv": svc.spec.argv})
         if self.p.action == "restart":
             self.injected_at = time.time()
             self.landing = await self._probe_landing()

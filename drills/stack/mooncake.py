@@ -168,6 +168,8 @@ class MooncakeStack(ProcessStack):
         if self.netns is None:
             self.prepare()
         if not self.netns_created:
+            # journaled before it exists: a kvdrill killed inside create() leaves a namespace rollback can name
+            self.journal.append("netns.planned", **self.netns.as_dict())
             self.netns.create()
             self.netns_created = True
             self.journal.append("netns.created", **self.netns.as_dict())

@@ -82,6 +82,38 @@ def group_members(pgid: int) -> set[int]:
     return members
 
 
+RUN_TAG_ENV = "KVDRILL_RUN"  # every service carries its stack directory here, so a crashed run's are findable
+
+
+def leader_runs(pid: int, argv: list[str]) -> bool:
+    """Whether ``pid`` still runs ``argv`` (a script's interpreter may precede it): a recycled pid never does."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    actual = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    return bool(argv) and len(actual) >= len(argv) and actual[len(actual) - len(argv):] == list(argv)
+
+
+def tagged_pids(tags: set[str]) -> dict[int, str]:
+    """Live processes whose environment says ``KVDRILL_RUN=<tag>`` for one of ``tags`` (pid -> tag).
+
+    This closes the window between a service's fork and its ``service.started`` record: a kvdrill killed
+    right there left no record, but the service (and every child it forks) still carries the tag."""
+    wanted = {f"{RUN_TAG_ENV}={t}".encode(): t for t in tags}
+    found: dict[int, str] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        for var in env.split(b"\0"):
+            if var in wanted:
+                found[int(proc.name)] = wanted[var]
+                break
+    return found
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -188,12 +220,14 @@ class ProcessDriver:
         log_path = self.log_dir / f"{spec.name}.log"
         with log_path.open("ab") as fh:
             fh.write(f"\n===== kvdrill: start {spec.name} generation {gen} at {time.time():.3f} =====\n".encode())
-            popen = subprocess.Popen(spec.command, env={**os.environ, **spec.env}, stdout=fh, stderr=subprocess.STDOUT,
+            popen = subprocess.Popen(spec.command, env={**os.environ, **spec.env, RUN_TAG_ENV: str(self.log_dir.parent)},
+                                     stdout=fh, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_dir)
         svc = RunningService(spec=spec, popen=popen, log_path=log_path, generation=gen, started_at=time.monotonic())
         self.services[spec.name] = svc
         self.journal.append("service.started", service=spec.name, pid=popen.pid, pgid=popen.pid, generation=gen,
-                            argv=spec.argv, log=str(log_path.name), **({"netns": spec.netns} if spec.netns else {}))
+                            argv=spec.argv, log=str(log_path.name), tag=str(self.log_dir.parent),
+                            **({"netns": spec.netns} if spec.netns else {}))
         log.info("service started", service=spec.name, pid=popen.pid, generation=gen)
         return svc
 

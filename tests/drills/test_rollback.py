@@ -1,0 +1,242 @@
+"""`kvdrill rollback` from a journal alone: dispatch per family, idempotence, process groups (real, tiny),
+crash windows (a tagged process with no record), pid-reuse safety, a torn journal, the added verdict.
+
+Real objects where they are cheap (files, process groups, symlinks); the kernel-level ones (mounts,
+namespaces, Toxiproxy) are exercised for real in tests/real/test_kill_rollback.py."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from drills import rollback as rb
+from drills.cli import app
+from drills.journal import Journal, read_history
+from drills.stack.process import RUN_TAG_ENV, ProcessDriver, group_members
+from drills.stack.sandbox import free_port
+from injectors.base import HealReport, registry
+from injectors.process import process_states
+from tests.drills.stack.test_process import spec
+
+
+def _run_journal(run_dir: Path) -> Journal:
+    j = Journal(run_dir)
+    j.append("run.started", run_id=run_dir.name, name="t")
+    return j
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_every_injector_family_has_a_record_level_undo():
+    assert set(registry()) <= set(rb.UNDO)
+
+
+def test_kv_corrupt_restored_then_second_rollback_finds_nothing(tmp_path):
+    run = tmp_path / "run"
+    l2 = tmp_path / "l2"
+    l2.mkdir()
+    chunk = l2 / "chunk.data"
+    chunk.write_bytes(os.urandom(4096))
+    original = _sha(chunk)
+    backup = run / "backups" / "f0" / "chunk.data"
+    backup.parent.mkdir(parents=True)
+    backup.write_bytes(chunk.read_bytes())
+    j = _run_journal(run)
+    j.append("fault.undo", fault_id="f0-kv_corrupt", injector="kv_corrupt",
+             restore=[{"path": str(chunk), "backup": str(backup), "sha256": original, "size": 4096}])
+    j.close()
+    chunk.write_bytes(b"\0" * 4096)  # the corruption, then kvdrill died
+    (l2 / "chunk.data.kvdrill-heal").write_bytes(b"half")  # a heal killed between copy and rename
+
+    first = rb.rollback(run)
+    assert first.ok and _sha(chunk) == original
+    assert [i.what for i in first.of("undone")] == [str(chunk)]
+    assert not (l2 / "chunk.data.kvdrill-heal").exists()
+    assert first.verdict_added
+    second = rb.rollback(run)
+    assert second.ok and not second.of("undone") and not second.verdict_added
+    assert [i.what for i in second.of("already_healed")] == [str(chunk)]
+    history = read_history(run)
+    assert not history.problems
+    verdicts = list(history.of_type("verdict"))
+    assert len(verdicts) == 1 and verdicts[0].data["verdict"] == "aborted"
+    assert [e.data["undone"] for e in history.of_type("rollback.finished")] == [1, 0]
+
+
+async def test_frozen_group_thawed_and_stopped_with_its_shm(tmp_path):
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    driver = ProcessDriver(run / "logs", j)
+    svc = driver.start(spec(tmp_path))
+    async with httpx.AsyncClient() as http:
+        await driver.wait_healthy(svc, http)
+    members = group_members(svc.pid)
+    child = (members - {svc.pid}).pop()
+    os.killpg(svc.pid, signal.SIGSTOP)
+    j.append("fault.undo", fault_id="f0-process", injector="process",
+             undo={"action": "cont", "service": "svc", "pgid": svc.pid})  # an older record: no argv
+    j.close()
+    deadline = time.monotonic() + 5
+    while set(process_states(members).values()) != {"T"} and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    report = rb.rollback(run, grace=1.0)
+    svc.popen.wait(timeout=10)  # we are its parent here; in a real crash init reaps it
+    assert report.ok, report.of("failed")
+    assert not [p for p in group_members(svc.pid) if process_states({p}).get(p) not in (None, "Z")]
+    whats = [i.what for i in report.of("undone")]
+    assert any("SIGCONT to svc" in w for w in whats)
+    assert any("SIGKILL" in w for w in whats)  # the child ignores SIGTERM
+    assert not Path(f"/dev/shm/lmcache_kv_{child}_0").exists()
+    again = rb.rollback(run, grace=1.0)
+    assert again.ok and not again.of("undone")
+
+
+def test_process_forked_before_its_record_is_found_by_its_tag(tmp_path):
+    """The crash window between fork and `service.started`: no record, only the environment tag."""
+    run = (tmp_path / "run").resolve()
+    _run_journal(run).close()
+    env = {**os.environ, RUN_TAG_ENV: str(run)}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env={**os.environ, RUN_TAG_ENV: str(tmp_path / "another-run")}, start_new_session=True)
+    try:
+        time.sleep(0.3)
+        report = rb.rollback(run, grace=2.0)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None, "a process of another run was signalled"
+        assert any("KVDRILL_RUN" in i.what for i in report.of("undone"))
+    finally:
+        for p in (proc, other):
+            p.kill()
+            p.wait()
+
+
+def test_recycled_pid_is_never_signalled(tmp_path):
+    """A recorded group whose leader now runs something else (pid reuse) is left alone."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        run = tmp_path / "run"
+        j = _run_journal(run)
+        j.append("service.started", service="engine", pid=bystander.pid, pgid=bystander.pid, generation=1,
+                 argv=["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"])
+        j.append("fault.undo", fault_id="f0-process", injector="process",
+                 undo={"action": "cont", "service": "engine", "pgid": bystander.pid})
+        j.close()
+        report = rb.rollback(run, grace=1.0)
+        assert bystander.poll() is None
+        assert report.ok and not report.of("undone")
+        assert any("no longer runs the recorded command" in i.what for i in report.of("already_healed"))
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_failing_undo_is_reported_and_the_rest_still_runs(tmp_path, monkeypatch):
+    calls: list[str] = []
+
+    def broken(data):
+        calls.append("disk")
+        raise OSError("umount: target is busy")
+
+    def fine(data):
+        calls.append("network")
+        return HealReport(undone=["removed toxic kvdrill-f1-network-0 from proxy lmcache"])
+
+    monkeypatch.setitem(rb.UNDO, "disk", broken)
+    monkeypatch.setitem(rb.UNDO, "network", fine)
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    j.append("fault.undo", fault_id="f0-disk", injector="disk", undo={"kind": "fill"})
+    j.append("fault.undo", fault_id="f1-network", injector="network", undo={"backend": "toxiproxy"})
+    j.append("fault.healed", fault_id="f1-network", undone=[], already_healed=[])
+    j.append("fault.undo", fault_id="f2-teleport", injector="teleport", undo={})
+    j.close()
+    result = CliRunner().invoke(app, ["rollback", str(run)])
+    assert result.exit_code == 1, result.output
+    assert calls == ["network", "disk"]  # newest first
+    assert "could NOT undo" in result.output and "target is busy" in result.output
+    assert "no undo for injector family 'teleport'" in result.output
+    assert "f1-network (healed by the run)" in result.output
+    failed = [e.data for e in read_history(run).of_type("rollback.failed")]
+    assert len(failed) == 2
+
+
+def test_network_undo_when_the_toxiproxy_server_is_gone():
+    from injectors.network import undo
+
+    report = undo({"backend": "toxiproxy", "url": f"http://127.0.0.1:{free_port()}", "proxy": "lmcache",
+                   "remove_toxics": ["kvdrill-f0-network-0"], "reenable": True}, timeout=1.0)
+    assert not report.undone and "is gone" in report.already_healed[0]
+
+
+def test_model_undo_points_the_served_link_back_and_removes_v2(tmp_path):
+    from injectors.model import undo
+
+    v1, v2 = tmp_path / "v1.safetensors", tmp_path / "v2.safetensors"
+    v1.write_bytes(b"1")
+    v2.write_bytes(b"2")
+    served = tmp_path / "served" / "abc"
+    served.mkdir(parents=True)
+    (served / "model.safetensors").symlink_to(v2)
+    (tmp_path / "served" / "abc-v2").mkdir()
+    (tmp_path / "served" / "abc-v2" / "model.safetensors").symlink_to(v2)
+    record = {"weights": str(v1), "served_model_dir": str(served), "restart": ["engine", "baseline"]}
+    first = undo(record)
+    assert (served / "model.safetensors").resolve() == v1 and len(first.undone) == 2
+    assert not (tmp_path / "served" / "abc-v2").exists()
+    second = undo(record)
+    assert not second.undone and second.already_healed
+
+
+def test_torn_last_line_is_ended_before_rollback_appends(tmp_path):
+    run = tmp_path / "run"
+    _run_journal(run).close()
+    with (run / "journal.jsonl").open("a") as fh:
+        fh.write('{"seq":2,"ts":1.0,"type":"fault.und')  # power cut mid-write
+    report = rb.rollback(run)
+    assert report.ok and len(report.problems) == 1
+    history = read_history(run)
+    assert len(history.problems) == 1  # only the torn line; every rollback event decodes
+    assert history.first("rollback.finished") is not None and history.first("verdict") is not None
+    assert [e.seq for e in history.events] == sorted(e.seq for e in history.events)
+
+
+def test_resolve_run_by_id_and_suite(tmp_path):
+    reports = tmp_path / "reports"
+    for name in ("suite-x/a", "suite-x/b"):
+        Journal(reports / name).close()
+    assert rb.resolve_run("suite-x/a", reports) == [(reports / "suite-x" / "a").resolve()]
+    assert [p.name for p in rb.resolve_run(str(reports / "suite-x"), reports)] == ["a", "b"]
+    with pytest.raises(FileNotFoundError):
+        rb.resolve_run("nope", reports)
+
+
+def test_refuses_a_run_whose_kvdrill_is_alive_unless_forced(tmp_path):
+    run = tmp_path / "run"
+    # a live process whose command line names kvdrill stands in for the drill's own kvdrill
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "kvdrill"])
+    try:
+        j = Journal(run)
+        j.append("run.started", run_id="r", name="t", kvdrill_pid=owner.pid)
+        j.close()
+        refused = CliRunner().invoke(app, ["rollback", str(run)])
+        assert refused.exit_code == 2 and f"kvdrill pid {owner.pid}" in refused.output
+        assert read_history(run).first("rollback.started") is None
+        forced = CliRunner().invoke(app, ["rollback", str(run), "--force"])
+        assert forced.exit_code == 0, forced.output
+        assert owner.poll() is None  # the owner itself is not one of the run's services
+    finally:
+        owner.kill()
+        owner.wait()

@@ -1,0 +1,194 @@
+"""The victim of the kill campaign (tests/real/test_kill_rollback.py): a kvdrill-like process that sets up
+real run-owned objects and drives the real injectors' plan/inject/verify/heal over them, again and again,
+until the test SIGKILLs it.
+
+    python -m tests.real.kill_harness RUN_DIR VARIANT SEED --toxiproxy URL --chunks DIR
+
+It journals exactly as the runner does (``run.started``, ``fault.planned``, the injector's own
+``fault.undo`` / ``fault.injected``, ``fault.fired``/``verified``/``healed``) and builds its stack parts
+through the same code the sandbox uses (``SandboxStack._mount_l2`` for tmpfs/ext4/FUSE, ``ProcessDriver``
+for process groups, the Mooncake stack's journaled namespace creation), so every crash window a real
+drill has around an injection is here too, without minutes of vLLM start-up. What is not the run's own
+is shared with the test and outlives every kill: the Toxiproxy server (its proxies must end with no
+kvdrill toxic and enabled) and the chunk files (each must end with its original sha256).
+
+Progress goes to RUN_DIR/harness.log, one line per step, so the test can say where each kill landed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+
+from drills.journal import Journal
+from drills.scenario import StackSpec
+from drills.stack.netns import NetNamespace
+from drills.stack.process import ProcessDriver, ServiceSpec
+from drills.stack.sandbox import ChunkFile, SandboxStack, free_port
+from drills.workload import Prompt, PromptSet
+from injectors.base import InjectionContext, registry
+
+# variant -> (injector, params, stack needs); the test picks variants round-robin with a seeded shuffle
+VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "kv-bitflip": ("kv_corrupt", {"mode": "bitflip", "chunk": 0, "bits": 64, "prompts": [0, 1]}, {}),
+    "kv-zero": ("kv_corrupt", {"mode": "zero", "chunk": 1}, {}),
+    "kv-truncate": ("kv_corrupt", {"mode": "truncate", "chunk": 0}, {}),
+    "kv-delete": ("kv_corrupt", {"mode": "delete", "chunk": 1}, {}),
+    "kv-swap": ("kv_corrupt", {"mode": "swap", "chunk": 0, "with_chunk": 1, "prompts": [2]}, {}),
+    "kv-stale": ("kv_corrupt", {"mode": "stale", "chunk": 1, "prompts": [0]}, {}),
+    "disk-fill-tmpfs": ("disk", {"mode": "fill", "percent": 70}, {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}),
+    "disk-full-ext4": ("disk", {"mode": "full"}, {"l2_fs": {"kind": "ext4", "size": "16MiB"}}),
+    "disk-inodes": ("disk", {"mode": "inodes"}, {"l2_fs": {"kind": "tmpfs", "size": "16MiB", "inodes": 2048}}),
+    "disk-shrink": ("disk", {"mode": "shrink", "leave_free": "1MiB"}, {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}),
+    "disk-readonly": ("disk", {"mode": "readonly"}, {"l2_fs": {"kind": "tmpfs", "size": "16MiB"}}),
+    "disk-readonly-faultfs": ("disk", {"mode": "readonly"},
+                              {"l2_fs": {"kind": "tmpfs", "size": "16MiB", "faultfs": True}}),
+    "disk-errno-faultfs": ("disk", {"mode": "errno", "errno": "EIO", "ops": ["write"], "path_glob": "*.tmp"},
+                           {"l2_fs": {"kind": "ext4", "size": "16MiB", "faultfs": True}}),
+    "net-latency": ("network", {"proxy": "lmcache", "toxics": [{"type": "latency", "attributes": {"latency": 200}}]}, {}),
+    "net-bandwidth": ("network", {"proxy": "lmcache", "toxics": [{"type": "bandwidth", "stream": "upstream",
+                                                                   "attributes": {"rate": 2}}]}, {}),
+    "net-down": ("network", {"proxy": "lmcache", "down": True}, {}),
+    "net-two-toxics": ("network", {"proxy": "lmcache", "toxics": [{"type": "timeout", "attributes": {"timeout": 0}},
+                                                                   {"type": "slicer", "attributes": {}}]}, {}),
+    "kernel-bandwidth": ("network", {"backend": "kernel", "link": "mooncake-master",
+                                     "toxics": [{"type": "bandwidth", "attributes": {"rate": 64}}]}, {"netns": True}),
+    "kernel-down": ("network", {"backend": "kernel", "link": "mooncake-master", "down": True}, {"netns": True}),
+    "kernel-loss": ("network", {"backend": "kernel", "link": "mooncake-master", "loss_percent": 30}, {"netns": True}),
+    "proc-stop": ("process", {"service": "svc", "action": "stop"}, {"service": True}),
+    "proc-kill": ("process", {"service": "svc", "action": "kill"}, {"service": True}),
+    "proc-term": ("process", {"service": "svc", "action": "term", "grace": 0.5}, {"service": True}),
+    "proc-restart": ("process", {"service": "svc", "action": "restart", "grace": 0.5}, {"service": True}),
+}
+
+# a leader that serves /health and forks a child which ignores SIGTERM and names a /dev/shm file after its
+# pid (as vLLM's workers name lmcache_kv_<pid>_*): rollback must escalate and clean the segment
+SERVICE = textwrap.dedent("""
+    import http.server, os, signal, sys, time
+    port = int(sys.argv[1])
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        open(f"/dev/shm/lmcache_kv_{os.getpid()}_0", "wb").write(b"x" * 4096)
+        while True:
+            time.sleep(1)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a):
+            pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+CHUNKS_PER_PROMPT = 2
+
+
+class MiniStack:
+    """The parts of a sandbox stack the injectors use, built by the sandbox's own code."""
+
+    def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient, toxiproxy: str, chunks: Path) -> None:
+        self.run_dir, self.journal, self.http = run_dir, journal, http
+        self.options = StackSpec()
+        self.driver = ProcessDriver(run_dir / "logs", journal)
+        self.specs: dict[str, ServiceSpec] = {}
+        self.l2_dir = run_dir / "stack" / "l2"
+        self.l2_fs = None
+        self.toxiproxy_url = toxiproxy
+        self.chunks = chunks
+        self.netns: NetNamespace | None = None
+        self.netns_created = False
+        self.ports = {"master_rpc": free_port()}
+
+    def mount_l2(self, opt: dict[str, Any]) -> None:
+        from pydantic import ByteSize, TypeAdapter
+        spec = SimpleNamespace(kind=opt["kind"], size=TypeAdapter(ByteSize).validate_python(opt["size"]),
+                               inodes=opt.get("inodes"), faultfs=opt.get("faultfs", False))
+        self.l2_dir.mkdir(parents=True, exist_ok=True)
+        SandboxStack._mount_l2(self, spec)  # journaled before mounting, exactly as a drill's stack does
+
+    def create_netns(self) -> None:
+        from drills.stack.mooncake import MooncakeStack
+        self.netns = NetNamespace.plan()
+        MooncakeStack.create_netns(self)  # netns.planned, create, netns.created
+
+    async def start_service(self, tmp: Path) -> None:
+        script = tmp / "svc.py"
+        script.write_text(SERVICE)
+        port = free_port()
+        self.specs["svc"] = ServiceSpec(name="svc", argv=[sys.executable, str(script), str(port)], env={},
+                                        health_url=f"http://127.0.0.1:{port}/health", startup_deadline=20)
+        await self.driver.wait_healthy(self.driver.start(self.specs["svc"]), self.http)
+
+    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        await self.driver.restart(self.specs[name], self.http, sig=sig, grace=min(grace, 1.0))
+
+    def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:
+        files = sorted(self.chunks.glob("*.data"))
+        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=f.stem, path=f)
+                 for c, f in enumerate(files[p * CHUNKS_PER_PROMPT:(p + 1) * CHUNKS_PER_PROMPT])]
+                for p in range(len(token_lists))]
+
+
+def step(log: Path, text: str) -> None:
+    with log.open("a") as fh:
+        fh.write(f"{time.monotonic():.3f} {text}\n")
+
+
+async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: Path) -> None:
+    family, params, needs = VARIANTS[variant]
+    log = run_dir / "harness.log"
+    journal = Journal(run_dir)
+    journal.append("run.started", run_id=run_dir.name, name=f"kill-{variant}", seed=seed, kvdrill_pid=None)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
+        stack = MiniStack(run_dir, journal, http, toxiproxy, chunks)
+        step(log, "setup")
+        if "l2_fs" in needs:
+            stack.mount_l2(needs["l2_fs"])
+            (stack.l2_dir / "chunk.tmp").write_bytes(b"\0" * 8192)
+        if needs.get("netns"):
+            stack.create_netns()
+        if needs.get("service"):
+            await stack.start_service(run_dir)
+        prompts = PromptSet([Prompt(id=i, token_ids=list(range(i, i + 8))) for i in range(3)], 0, seed)
+        step(log, "READY")
+        cls = registry()[family]
+        for k in range(1000):
+            fault_id = f"f{k}-{family}"
+            ctx = InjectionContext(fault_id=fault_id, run_dir=run_dir, rng=random.Random(f"{seed}:{fault_id}"),
+                                   journal=journal, stack=stack, prompts=prompts)
+            injector = cls(cls.Params.model_validate(params), ctx)
+            step(log, f"plan {k}")
+            targets = await injector.plan()
+            journal.append("fault.planned", fault_id=fault_id, injector=family, params=params, targets=targets)
+            step(log, f"inject {k}")
+            await injector.inject()
+            journal.append("fault.fired", fault_id=fault_id, trigger={"trigger": "harness"})
+            step(log, f"verify {k}")
+            proof = await injector.verify()
+            journal.append("fault.verified", fault_id=fault_id, effective=proof.effective, summary=proof.summary)
+            if not proof.effective:
+                step(log, f"NOT EFFECTIVE {k}: {proof.summary}")
+            step(log, f"heal {k}")
+            report = await injector.heal()
+            journal.append("fault.healed", fault_id=fault_id, undone=report.undone, already_healed=report.already_healed)
+            step(log, f"healed {k}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("variant", choices=sorted(VARIANTS))
+    ap.add_argument("seed", type=int)
+    ap.add_argument("--toxiproxy", required=True)
+    ap.add_argument("--chunks", type=Path, required=True)
+    a = ap.parse_args()
+    asyncio.run(main(a.run_dir.resolve(), a.variant, a.seed, a.toxiproxy, a.chunks.resolve()))
