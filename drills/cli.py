@@ -67,7 +67,8 @@ def setup() -> None:
 @app.command()
 def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir: Path = REPORTS,
         keep: bool = typer.Option(False, "--keep", help="leave the stack running after the drill")) -> None:
-    """Run one drill end to end on a stack it starts, and write its report."""
+    """Run one drill end to end on a stack it starts, and write its report. Ctrl-C, SIGTERM and
+    `kvdrill abort` stop it: faults healed, stack stopped, verdict ABORTED (exit 3)."""
     from drills.report import headline
     from drills.runner import Runner
 
@@ -115,6 +116,31 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
         typer.echo(f"{e.verdict.upper():>8} {held:>15}  {e.path}  ({e.stack or 'not run'})")
     typer.echo(f"index: {outcome.suite_dir / 'index.md'}")
     raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique part of one); default: every "
+                                                       "drill running on this machine"),
+          timeout: float = typer.Option(300.0, "--timeout", help="seconds to wait for each drill to heal and end"),
+          as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON")) -> None:
+    """Kill switch: stop running drills (chaos stops within 1 s), wait until they healed, show how.
+    Exit status: 0 every drill ended and healed, 1 one did not within --timeout or its heal failed,
+    2 no such run."""
+    from drills.abort import AbortError, describe
+    from drills.abort import abort as do_abort
+
+    try:
+        results = do_abort(list(run_ids or []), timeout=timeout)
+    except AbortError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps([r.as_dict() for r in results], indent=2))
+    elif not results:
+        typer.echo("no drill is running on this machine")
+    for r in results if not as_json else []:
+        typer.echo("\n".join(describe(r)))
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)
 
 
 @sandbox_app.command("up")
