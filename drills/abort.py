@@ -67,8 +67,8 @@ def select(entries: list[active.Entry], wanted: list[str]) -> list[active.Entry]
         matches = exact or [e for e in entries if w in e.run_id]
         if len(matches) != 1:
             listed = ", ".join(e.run_id for e in entries) or "none"
-            what = "no running drill" if not matches else f"{len(matches)} running drills"
-            raise AbortError(f"{what} matches {w!r}; running: {listed}")
+            what = "no running drill matches" if not matches else f"{len(matches)} running drills match"
+            raise AbortError(f"{what} {w!r}; running: {listed}")
         if matches[0] not in chosen:
             chosen.append(matches[0])
     return chosen

@@ -138,8 +138,8 @@ def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique p
         typer.echo(json.dumps([r.as_dict() for r in results], indent=2))
     elif not results:
         typer.echo("no drill is running on this machine")
-    for r in results if not as_json else []:
-        typer.echo("\n".join(describe(r)))
+    else:
+        typer.echo("\n".join(line for r in results for line in describe(r)))
     raise typer.Exit(0 if all(r.ok for r in results) else 1)
 
 
