@@ -70,7 +70,6 @@ class Outcome:
     checks: list[CheckResult] = field(default_factory=list)
     expectation: dict[str, Any] | None = None
     exit_code: int = 0
-    stop_source: str | None = None  # aborted: ctrl-c | sigterm | kvdrill-abort | halt
 
 
 def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
@@ -154,14 +153,11 @@ class Runner:
                 with switch.deferred():  # a second Ctrl-C or abort must not interrupt heal or stack down
                     await self._always_heal()
                     await self._down()
-                source = switch.request.source if verdict == "aborted" and switch.request else None
                 switch.clear_halt()
                 if own_signals:
                     stop.uninstall(loop)
         try:
-            outcome = self._finish(verdict, reason, results)
-            outcome.stop_source = source
-            return outcome
+            return self._finish(verdict, reason, results)
         finally:
             switch.journal = None
             active.unregister(entry)

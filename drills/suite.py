@@ -108,7 +108,7 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
     suite_dir = (reports_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-suite-{uuid.uuid4().hex[:6]}").resolve()
     journal = Journal(suite_dir)
     switch.journal = journal
-    entry = active.register(suite_dir.name, "suite", suite_dir)
+    registration = active.register(suite_dir.name, "suite", suite_dir)
     outcome = SuiteOutcome(suite_dir=suite_dir, entries=order_for_reuse(entries))
     journal.append("suite.started", scenarios=[str(e.path) for e in outcome.entries], fail_fast=fail_fast)
     pool = StackPool(root=suite_dir, journal=journal)
@@ -140,7 +140,7 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
         with switch.deferred():
             await asyncio.shield(pool.close())
         stop.uninstall(loop)
-        active.unregister(entry)
+        active.unregister(registration)
         journal.append("suite.finished", exit_code=outcome.exit_code)
         journal.close()
         write_index(outcome)
