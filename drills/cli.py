@@ -121,7 +121,7 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
 @app.command()
 def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique part of one); default: every "
                                                        "drill running on this machine"),
-          timeout: float = typer.Option(300.0, "--timeout", help="seconds to wait for each drill to heal and end"),
+          timeout: float = typer.Option(300.0, "--timeout", help="seconds to wait, in all, for the drills to heal and end"),
           as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON")) -> None:
     """Kill switch: stop running drills (chaos stops within 1 s), wait until they healed, show how.
     Exit status: 0 every drill ended and healed, 1 one did not within --timeout or its heal failed,
