@@ -68,6 +68,8 @@ def markdown_section(doc: dict[str, Any]) -> list[str]:
             out.append(f"- `{h['fault_id']}` healed {h['after_request_s']} s after the request ({h['ref']}): {what}")
         for f in s["heal_failed"]:
             out.append(f"- **heal failed** ({f['ref']}): {f['error']}")
+        if doc.get("verdict") == "aborted":
+            out.append("- checks were not run: an aborted drill gets no verdict from them")
         halt = s.get("halt")
         if halt:
             out += ["", f"### Halt condition `{halt['condition']}` ({halt['ref']})", "",
