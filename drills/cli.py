@@ -74,7 +74,8 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
                                                "the scenario's targets.hosts must name it too (repeatable)"),
         ) -> None:
     """Run one drill end to end on a stack it starts, and write its report (--dry-run: only the plan;
-    exit 0 if allowed, 2 with the refusals)."""
+    exit 0 if allowed, 2 with the refusals). Ctrl-C, SIGTERM and `kvdrill abort` stop it: faults
+    healed, stack stopped, verdict ABORTED (exit 3)."""
     from drills.report import headline
     from drills.runner import Runner
 
@@ -158,6 +159,31 @@ def rollback(run: str = typer.Argument(..., help="run directory, run id under --
     for r in reports:
         render(r, out)
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+@app.command()
+def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique part of one); default: every "
+                                                       "drill running on this machine"),
+          timeout: float = typer.Option(300.0, "--timeout", help="seconds to wait, in all, for the drills to heal and end"),
+          as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON")) -> None:
+    """Kill switch: stop running drills (chaos stops within 1 s), wait until they healed, show how.
+    Exit status: 0 every drill ended and healed, 1 one did not within --timeout or its heal failed,
+    2 no such run."""
+    from drills.abort import AbortError, describe
+    from drills.abort import abort as do_abort
+
+    try:
+        results = do_abort(list(run_ids or []), timeout=timeout)
+    except AbortError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps([r.as_dict() for r in results], indent=2))
+    elif not results:
+        typer.echo("no drill is running on this machine")
+    else:
+        typer.echo("\n".join(line for r in results for line in describe(r)))
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)
 
 
 @sandbox_app.command("up")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
+from drills.halt.spec import SERVICE_PLACEHOLDER
 from injectors.base import InjectionError
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class IsolationPolicy:
     flag_hosts: frozenset[str] = frozenset()
     scenario_paths: tuple[Path, ...] = ()
     scenario_processes: tuple[NamedProcess, ...] = ()
+    probe_urls: tuple[tuple[int, str], ...] = ()  # halt conditions' http probes outside the run's services
 
     @classmethod
     def build(cls, scenario: Scenario, allow_targets: Iterable[str], owned: Owned) -> IsolationPolicy:
@@ -89,7 +91,9 @@ class IsolationPolicy:
         return cls(owned=owned, scenario_hosts=frozenset(_norm_host(h) for h in t.hosts),
                    flag_hosts=frozenset(_norm_host(h) for h in allow_targets),
                    scenario_paths=tuple(Path(p) for p in t.paths),
-                   scenario_processes=tuple(NamedProcess(p.pid, tuple(p.cmdline)) for p in t.processes))
+                   scenario_processes=tuple(NamedProcess(p.pid, tuple(p.cmdline)) for p in t.processes),
+                   probe_urls=tuple((i, c.http.url) for i, c in enumerate(scenario.halt)
+                                    if c.http is not None and not SERVICE_PLACEHOLDER.match(c.http.url)))
 
     # --- rules -------------------------------------------------------------------------------------
 
@@ -170,6 +174,7 @@ class IsolationPolicy:
         named process must exist now with exactly the named command line."""
         hosts = sorted(self.scenario_hosts | self.flag_hosts)
         found = [self.check_host(h, "targets.hosts" if h in self.scenario_hosts else "--allow-target") for h in hosts]
+        found += [self.check_url(url, f"halt[{i}].http.url") for i, url in self.probe_urls]
         for n in self.scenario_processes:
             actual = read_cmdline(n.pid)
             if actual != n.cmdline:

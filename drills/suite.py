@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -23,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
+from drills import active, stop
 from drills.journal import Journal
 from drills.scenario import LoadedScenario, ScenarioError, load_scenario
 from drills.stack.pool import StackPool, stack_key
@@ -101,13 +101,15 @@ def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
 async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: bool = False,
                     allow_targets: tuple[str, ...] = (),
                     console: Console | None = None) -> SuiteOutcome:
-    from drills.runner import Runner, install_interrupt_handlers  # heavy imports; keep `--help` light
+    from drills.runner import Runner  # heavy imports; keep `--help` light
 
     console = console or Console(stderr=True)
     loop = asyncio.get_running_loop()
-    install_interrupt_handlers(loop, asyncio.current_task())
+    switch = stop.install(loop, asyncio.current_task())
     suite_dir = (reports_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-suite-{uuid.uuid4().hex[:6]}").resolve()
     journal = Journal(suite_dir)
+    switch.journal = journal
+    registration = active.register(suite_dir.name, "suite", suite_dir)
     outcome = SuiteOutcome(suite_dir=suite_dir, entries=order_for_reuse(entries))
     journal.append("suite.started", scenarios=[str(e.path) for e in outcome.entries], fail_fast=fail_fast)
     pool = StackPool(root=suite_dir, journal=journal)
@@ -118,6 +120,7 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
             entry.run_id, entry.run_dir = runner.run_id, runner.run_dir
             started = time.monotonic()
             result = await runner.run()
+            switch.journal = journal
             entry.took_s = round(time.monotonic() - started, 1)
             entry.verdict, entry.reason, entry.exit_code = result.verdict, result.reason, result.exit_code
             entry.expectation = result.expectation
@@ -126,17 +129,19 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
                            exit_code=entry.exit_code, stack=entry.stack, took_s=entry.took_s)
             console.print(f"  -> {entry.verdict.upper()} (exit {entry.exit_code}, {entry.took_s:.0f}s, "
                           f"stack {entry.stack})")
-            if result.verdict == "aborted":
-                break  # Ctrl-C or SIGTERM: the operator stops the whole suite, not one drill
+            if switch.request is not None:
+                break  # Ctrl-C, SIGTERM or `kvdrill abort`: the operator stops the whole suite, not one drill
             if fail_fast and result.exit_code != 0:
                 break
     except asyncio.CancelledError:
         outcome.interrupted = True
-        journal.append("suite.interrupted", note="Ctrl-C or SIGTERM between drills")
+        journal.append("suite.interrupted", note="stopped between drills",
+                       reason=switch.request.reason if switch.request else None)
     finally:
-        await asyncio.shield(pool.close())
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
+        with switch.deferred():
+            await asyncio.shield(pool.close())
+        stop.uninstall(loop)
+        active.unregister(registration)
         journal.append("suite.finished", exit_code=outcome.exit_code)
         journal.close()
         write_index(outcome)

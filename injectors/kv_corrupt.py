@@ -9,6 +9,7 @@ from the backup it took before the first byte changed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
@@ -108,7 +109,9 @@ class KvCorrupt(Injector):
                 self.ctx.stack.options.lmcache.l2_serde != "none":
             raise InjectionError("kv_corrupt: bit_class 'exponent' needs raw fp32 chunk files, but the fs L2 uses "
                                  f"the {self.ctx.stack.options.lmcache.l2_serde!r} serde; use bit_class 'any'")
-        files = self.ctx.stack.chunk_files([p.token_ids for p in prompts])
+        # in a thread: the hashes come from a subprocess of the stack's Python (seconds), and an abort
+        # must not wait for it with the event loop blocked
+        files = await asyncio.to_thread(self.ctx.stack.chunk_files, [p.token_ids for p in prompts])
         by_path: dict[str, dict[str, Any]] = {}
         for pid in ids:
             row = files[pid]

@@ -22,13 +22,17 @@ from drills.checkers.hit_rate import phase_rates
 from drills.scenario import SloCheck
 
 
+def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (1-99; 100 is the maximum) of a non-empty list, inclusive method."""
+    if len(values) == 1 or q == 100:
+        return max(values)
+    return quantiles(values, n=100, method="inclusive")[q - 1]
+
+
 def percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p95": None, "p99": None}
-    if len(values) == 1:
-        return {"p50": values[0], "p95": values[0], "p99": values[0]}
-    q = quantiles(values, n=100, method="inclusive")
-    return {"p50": q[49], "p95": q[94], "p99": q[98]}
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95), "p99": percentile(values, 99)}
 
 
 def phase_latency(view: RunView, phase: str, target: str, opts: SloCheck) -> dict[str, Any] | None:

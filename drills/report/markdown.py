@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drills.journal import History
+from drills.report.stopped import markdown_section as stopped_section
 
 
 def headline(doc: dict[str, Any]) -> str:
@@ -44,6 +45,7 @@ def markdown(doc: dict[str, Any], history: History) -> str:
     if exp:
         out.append(f"- expectation: verdict `{exp['verdict']}`, failing {exp['failing_checks'] or '[]'}, "
                    f"passing {exp['passing_checks'] or '[]'} → {'held' if exp['held'] else 'NOT held: ' + '; '.join(exp['problems'])}")
+    out += stopped_section(doc)
     out += ["", "## Checks", "", "| check | verdict | summary |", "|---|---|---|"]
     out += [f"| {c['name']} | {c['verdict'].upper()} | {c['summary']} |" for c in doc["checks"]]
     for c in doc["checks"]:

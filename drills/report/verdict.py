@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from drills.checkers.base import RunView
 from drills.checkers.hit_rate import phase_rates
 from drills.journal import History
+from drills.report.stopped import halt_conditions, stop_summary
 
 if TYPE_CHECKING:
     from drills.runner import Outcome
@@ -46,6 +47,8 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
         },
         "faults": faults,
         "heals": heals,
+        "stopped": stop_summary(history),
+        "halt_conditions": halt_conditions(history),
         "journal_problems": history.problems,
         "evidence": {"journal": "journal.jsonl", "logs": "logs/", "versions": "versions.json"},
     }

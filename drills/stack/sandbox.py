@@ -274,7 +274,7 @@ class SandboxStack(ProcessStack):
 
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
         """Warm is done when LMCache has no store in flight and every full chunk has its L2 file."""
-        expected = [c for row in self.chunk_files(token_lists) for c in row]
+        expected = [c for row in await asyncio.to_thread(self.chunk_files, token_lists) for c in row]  # off the loop
         deadline = time.monotonic() + deadline_s
         while True:
             status = await self.lmcache_status()

@@ -73,6 +73,14 @@ def test_declared_targets_need_both_allowlist_and_flag():
     assert r.where == "--allow-target" and "targets: hosts:" in r.fix
 
 
+def test_a_halt_probe_outside_loopback_needs_the_same_allowlist_and_flag():
+    probe = "halt:\n  - http: {url: 'http://10.3.3.3:8000/health'}\n  - http: {url: '{engine}/health'}\n"
+    [r] = policy(probe).check_declared()
+    assert r.where == "halt[0].http.url" and "10.3.3.3" in r.target
+    allowed = policy(probe + "targets:\n  hosts: [10.3.3.3]\n", flags=("10.3.3.3",))
+    assert allowed.check_declared() == []
+
+
 # --- paths -------------------------------------------------------------------------------------------
 
 def test_paths_inside_the_run_are_allowed_outside_refused(tmp_path):

@@ -1,0 +1,134 @@
+"""The machine-wide registry of running drills, so ``kvdrill abort`` can find every one of them.
+
+Each ``kvdrill run`` and ``kvdrill suite`` writes one small JSON file into ``<state>/active/`` when it
+starts (after its signal handlers are installed, so anything listed here handles the abort signal)
+and removes it when it ends. ``<state>`` is ``$KVDRILL_STATE_DIR``, else ``/run/kvdrill`` when it can
+be created (root), else ``/tmp/kvdrill-<uid>``.
+
+A pid alone is not an identity: after a crash the file stays and the pid may be reused by an
+unrelated process. Every entry therefore records the process's start time (``/proc/<pid>/stat``
+field 22, clock ticks since boot) and the boot id; an entry whose pid is gone, or now belongs to a
+process that started at another time or in another boot, is stale: it is ignored and deleted, and
+nothing is ever signalled through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+ENV = "KVDRILL_STATE_DIR"
+Kind = Literal["run", "suite"]
+
+
+def state_dir() -> Path:
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    run = Path("/run/kvdrill")
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        if os.access(run, os.W_OK):
+            return run
+    except OSError:
+        pass
+    return Path(f"/tmp/kvdrill-{os.getuid()}")
+
+
+def active_dir() -> Path:
+    d = state_dir() / "active"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (after the command name, which may hold spaces and parentheses)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rfind(")") + 2:].split()[19])
+
+
+def user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+@dataclass(frozen=True)
+class Entry:
+    run_id: str
+    kind: Kind
+    pid: int
+    start_time: int
+    boot_id: str
+    run_dir: str
+    user: str
+    started_at: float
+    scenario: str = ""
+    parent: str | None = None  # a drill inside a suite: the suite's id (the same process)
+
+    @property
+    def path(self) -> Path:
+        return active_dir() / f"{self.run_id}.json"
+
+    def alive(self) -> bool:
+        """The registering process is still the one running under this pid."""
+        return self.boot_id == boot_id() and start_time(self.pid) == self.start_time
+
+
+def register(run_id: str, kind: Kind, run_dir: Path, *, scenario: str = "", parent: str | None = None) -> Entry:
+    pid = os.getpid()
+    entry = Entry(run_id=run_id, kind=kind, pid=pid, start_time=start_time(pid) or 0, boot_id=boot_id(),
+                  run_dir=str(run_dir), user=user_name(), started_at=time.time(), scenario=scenario, parent=parent)
+    tmp = entry.path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(entry)))
+    tmp.replace(entry.path)  # a reader never sees half an entry
+    return entry
+
+
+def unregister(entry: Entry) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        entry.path.unlink()
+
+
+@contextlib.contextmanager
+def registered(run_id: str, kind: Kind, run_dir: Path, **kw) -> Iterator[Entry]:
+    entry = register(run_id, kind, run_dir, **kw)
+    try:
+        yield entry
+    finally:
+        unregister(entry)
+
+
+def running() -> list[Entry]:
+    """Live entries, oldest first; stale ones (dead or recycled pid, other boot, unreadable) are deleted."""
+    live = []
+    for f in sorted(active_dir().glob("*.json")):
+        try:
+            entry = Entry(**json.loads(f.read_text()))
+        except (OSError, ValueError, TypeError):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+            continue
+        if entry.alive():
+            live.append(entry)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+    return sorted(live, key=lambda e: e.started_at)

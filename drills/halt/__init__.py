@@ -1,0 +1,2 @@
+"""Scenario halt conditions: the spec (``spec``), their evaluation (``evaluate``), the watching task
+(``monitor``)."""
