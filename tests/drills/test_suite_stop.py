@@ -32,7 +32,7 @@ def entries(tmp_path: Path, names: list[str]) -> list[SuiteEntry]:
 
 def fake_runner(plan: dict[str, str], seen: list):
     class FakeRunner:
-        def __init__(self, loaded, reports_dir, *, console=None, pool=None):
+        def __init__(self, loaded, reports_dir, *, console=None, pool=None, allow_targets=()):
             self.name = loaded.scenario.name
             self.run_id, self.run_dir, self.reused_from = self.name, reports_dir / self.name, []
 
