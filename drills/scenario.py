@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, RootModel, ValidationError, field_validator, model_validator
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from drills.durations import Duration
+from drills.scenario_yaml import YamlProblem, load_document
 from drills.triggers import Trigger
 from injectors.base import registry
 
@@ -258,26 +257,26 @@ def load_scenario(path: Path | str) -> LoadedScenario:
     """Parse and validate a scenario file; raise ScenarioError listing every problem with its line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
         raise ScenarioError(path, [Problem(None, "", f"cannot read scenario: {exc}")]) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ScenarioError(path, [Problem(line, "", f"byte {raw[exc.start:exc.start + 1]!r} is not UTF-8 "
+                                                     "text; expected a UTF-8 encoded file")]) from exc
     return parse_scenario(text, path)
 
 
 def parse_scenario(text: str, path: Path) -> LoadedScenario:
     try:
-        data = YAML(typ="rt", pure=True).load(text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise ScenarioError(path, [Problem(line, "", f"YAML syntax error: {exc.problem or exc}")]) from exc
-    except YAMLError as exc:
-        raise ScenarioError(path, [Problem(None, "", f"YAML error: {exc}")]) from exc
-    except Exception as exc:  # ruamel raises plain errors on some malformed input (e.g. bad tags)
-        raise ScenarioError(path, [Problem(None, "", f"YAML error: {exc}")]) from exc
+        document = load_document(text)
+    except YamlProblem as exc:
+        raise ScenarioError(path, [Problem(exc.line, "", exc.message)]) from exc
+    data, plain = document.tree, document.plain
     if not isinstance(data, dict):
         raise ScenarioError(path, [Problem(1, "", "a scenario must be a mapping with at least 'name:'")])
-    plain = _plain(data)
     problems: list[Problem] = []
     scenario = None
     try:
@@ -336,14 +335,6 @@ def json_schema() -> dict[str, Any]:
 
 # --- error rendering -------------------------------------------------------------------------------
 
-def _plain(node: Any) -> Any:
-    if isinstance(node, CommentedMap):
-        return {str(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, CommentedSeq):
-        return [_plain(v) for v in node]
-    return node
-
-
 def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
     """1-based line of the deepest YAML node on ``loc`` that exists (a missing key points at its parent)."""
     line = 1
@@ -372,16 +363,20 @@ def _problem(err: dict[str, Any], data: Any, prefix: tuple[Any, ...], model: typ
         message = f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
     elif kind in ("literal_error", "enum"):
         expected = err.get("ctx", {}).get("expected", "")
-        message = f"{err.get('input')!r} is not allowed; allowed values: {expected.replace(' or ', ', ')}"
+        message = f"{_short(err.get('input'))} is not allowed; allowed values: {expected.replace(' or ', ', ')}"
     elif kind == "missing":
         message = "required key is missing"
+    elif kind == "union_tag_not_found":
+        tag_key = err.get("ctx", {}).get("discriminator", "").strip("'")
+        tags = ", ".join(repr(t) for t in _union_tags(model, loc))
+        message = f"required key {tag_key!r} is missing" + (f"; allowed values: {tags}" if tags else "")
     elif kind == "union_tag_invalid":
         tags = err.get("ctx", {}).get("expected_tags", "")
         tag = err.get("ctx", {}).get("tag")
         message = f"{tag!r} is not allowed; allowed values: {tags.replace(' or ', ', ')}"
         key = _dotted(full + (err.get("ctx", {}).get("discriminator", "").strip("'"),))
     else:
-        message = f"{err['msg']} (got {err.get('input')!r})" if "input" in err and not isinstance(
+        message = f"{err['msg']} (got {_short(err.get('input'))})" if "input" in err and not isinstance(
             err.get("input"), (dict, list)) else err["msg"]
     return Problem(_line(data, full), key, message)
 
@@ -401,8 +396,25 @@ def _did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """A value as the message quotes it: a fuzzed 10 kB string must not become a 10 kB error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _union_tags(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The discriminator values a tagged union at ``loc`` accepts (for a mapping that lacks its tag)."""
+    return [t for m in _models_in(_type_at(model, loc)) if (t := _tag_of(m)) is not None]
+
+
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the mapping at ``loc`` (following lists, optionals, unions by tag)."""
+    models = _models_in(_type_at(model, loc))
+    return models[0] if len(models) == 1 else None
+
+
+def _type_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The annotation of the value at ``loc`` inside ``model`` (None when ``loc`` leaves the models)."""
     current: Any = model
     for part in loc:
         if isinstance(part, int):
@@ -416,8 +428,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
         if owner is None:
             return None
         current = owner.model_fields[part].annotation
-    models = _models_in(current)
-    return models[0] if len(models) == 1 else None
+    return current
 
 
 def _models_in(tp: Any) -> list[type[BaseModel]]:
