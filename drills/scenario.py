@@ -240,8 +240,10 @@ class ScenarioError(ValueError):
         super().__init__(self.render())
 
     def render(self) -> str:
+        """One line per problem (a message with newlines, as ruamel writes some, is joined into one)."""
         return "\n".join(
-            f"{self.path}:{p.line if p.line is not None else '?'}: {p.key + ': ' if p.key else ''}{p.message}"
+            f"{self.path}:{p.line if p.line is not None else '?'}: {p.key + ': ' if p.key else ''}"
+            f"{' '.join(p.message.split())}"
             for p in self.problems
         )
 
@@ -364,6 +366,8 @@ def _problem(err: dict[str, Any], data: Any, prefix: tuple[Any, ...], model: typ
     elif kind in ("literal_error", "enum"):
         expected = err.get("ctx", {}).get("expected", "")
         message = f"{_short(err.get('input'))} is not allowed; allowed values: {expected.replace(' or ', ', ')}"
+    elif kind == "int_parsing_size":
+        message = f"{_short(err.get('input'))} is too large; expected an integer below 2**63"
     elif kind == "missing":
         message = "required key is missing"
     elif kind == "union_tag_not_found":
@@ -374,11 +378,18 @@ def _problem(err: dict[str, Any], data: Any, prefix: tuple[Any, ...], model: typ
         tags = err.get("ctx", {}).get("expected_tags", "")
         tag = err.get("ctx", {}).get("tag")
         message = f"{tag!r} is not allowed; allowed values: {tags.replace(' or ', ', ')}"
-        key = _dotted(full + (err.get("ctx", {}).get("discriminator", "").strip("'"),))
+        full += (err.get("ctx", {}).get("discriminator", "").strip("'"),)  # the line of the wrong tag itself
+        key = _dotted(full)
     else:
         message = f"{err['msg']} (got {_short(err.get('input'))})" if "input" in err and not isinstance(
             err.get("input"), (dict, list)) else err["msg"]
+        if kind in _EXPECTED:  # pydantic's own words say only what is wrong for these
+            message += f"; expected {_EXPECTED[kind]}"
     return Problem(_line(data, full), key, message)
+
+
+_EXPECTED = {"byte_size": "a size such as '256MiB' or a number of bytes",
+             "byte_size_unit": "a size such as '256MiB' (units B, KB, KiB, MB, MiB, GB, GiB)"}
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -386,8 +397,8 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part:
-            out += ("." if out else "") + str(part)
+        elif part:  # a key with control characters or line breaks is quoted, so the message stays one line
+            out += ("." if out else "") + (str(part) if str(part).isprintable() else repr(str(part)))
     return out
 
 
@@ -458,9 +469,13 @@ def _tag_of(model: Any) -> str | None:
 
 def _data_loc(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """``loc`` without the union tags pydantic inserts (parts that name no key in the YAML)."""
-    out, node = [], data
+    out, node, tag_skipped = [], data, None
     for i, part in enumerate(loc):
-        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+        # the union tag is the mapping's own `mode` value, even where a key has the same name (disk's
+        # mode errno has an `errno` key): skipped once per mapping
+        is_tag = isinstance(node, dict) and node.get("mode") == part and tag_skipped is not node
+        if isinstance(node, dict) and (is_tag or part not in node) and i < len(loc) - 1:
+            tag_skipped = node
             continue
         out.append(part)
         node = node.get(part) if isinstance(node, dict) else (

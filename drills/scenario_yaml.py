@@ -4,9 +4,9 @@ The validator in ``drills.scenario`` wants two things from the text: the round-t
 line of every key) and plain dicts/lists for pydantic. Hostile or broken input must come back as a
 ``YamlProblem`` with a line, never as a crash or a hang:
 
-- Nesting is checked on the event stream, before ruamel's recursive composer sees it, and the stream is
-  abandoned at the first level too deep: ruamel's scanner slows down quadratically with depth (5,000
-  nested ``[`` take 40 s to scan) and its composer exhausts Python's stack long before that.
+- Nesting is bounded by ruamel's own ``max_depth``, which stops composing (and so scanning) at the first
+  level too deep: ruamel's scanner slows down quadratically with depth (5,000 nested ``[`` take 40 s
+  to scan) and its recursive composer exhausts Python's stack long before that.
 - Anchors and aliases stay shared references in the tree, so a "billion laughs" document loads in
   microseconds; it is the conversion to plain data that would expand it. The conversion counts every
   value it produces and stops at ``MAX_VALUES``, and refuses a value that contains itself.
@@ -21,9 +21,9 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+from ruamel.yaml.composer import MaxDepthExceededError
 from ruamel.yaml.constructor import ConstructorError, RoundTripConstructor
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import CollectionEndEvent, CollectionStartEvent
 
 # A real scenario nests at most 6 levels (chaos.faults[0].params.trigger.when); 32 leaves room for
 # hand-written structure without letting ruamel's scanner and composer go quadratic or recursive.
@@ -54,15 +54,21 @@ class _LocatingConstructor(RoundTripConstructor):
         except (MarkedYAMLError, RecursionError):
             raise
         except Exception as exc:  # ruamel and the int/float/date builders raise plain errors here
-            raise ConstructorError(None, None, f"cannot read this value ({exc})", node.start_mark) from exc
+            raise ConstructorError(None, None, f"cannot read this value ({exc}); expected an ordinary number, "
+                                               "string or boolean (quote it to keep it as text)",
+                                   node.start_mark) from exc
 
 
 def load_document(text: str) -> Document:
     yaml = YAML(typ="rt", pure=True)
     yaml.Constructor = _LocatingConstructor
+    yaml.max_depth = MAX_DEPTH + 1  # the composer counts the scalar at the bottom as a level too
     try:
-        _check_depth(yaml, text)
         tree = yaml.load(text)
+    except MaxDepthExceededError as exc:
+        mark = exc.problem_mark
+        raise YamlProblem(mark.line + 1 if mark is not None else None,
+                          f"nested more than {MAX_DEPTH} levels deep; a scenario needs at most about 6") from exc
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise YamlProblem(mark.line + 1 if mark is not None else None, _syntax_message(exc)) from exc
@@ -71,26 +77,14 @@ def load_document(text: str) -> Document:
     return Document(tree=tree, plain=_Plain().convert(tree, 1, 0))
 
 
-def _check_depth(yaml: YAML, text: str) -> None:
-    depth = 0
-    for event in yaml.parse(text):
-        if isinstance(event, CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise YamlProblem(event.start_mark.line + 1, f"nested more than {MAX_DEPTH} levels deep; "
-                                                             "a scenario needs at most about 6")
-        elif isinstance(event, CollectionEndEvent):
-            depth -= 1
-
-
 def _syntax_message(exc: MarkedYAMLError) -> str:
     problem = exc.problem or str(exc)
     context = f" ({exc.context})" if exc.context else ""
     hint = ""
     if "'\\t'" in problem:
-        hint = "; YAML indents with spaces, not tabs"
+        hint = "; expected spaces: YAML indents with spaces, not tabs"
     elif "duplicate key" in problem:
-        hint = "; each key may appear once per mapping"
+        hint = "; expected each key once per mapping"
     elif problem.startswith("cannot read this value"):
         return f"YAML value error: {problem}"
     else:
