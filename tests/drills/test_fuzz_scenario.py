@@ -176,7 +176,7 @@ _junk_scalars = st.one_of(
                      "store_in_flight", "256MiB", "lots", "", " ", "~", "null", "yes", "0x1F", "1e999"]))
 _keys = st.one_of(st.sampled_from(SCENARIO_KEYS), st.text(min_size=1, max_size=10))
 _documents = st.recursive(_junk_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=6)), max_leaves=40)
+    st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=6)), max_leaves=25)
 
 
 @fuzz_settings(SCENARIO_EXAMPLES["documents"])
