@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -17,6 +18,8 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as '30s', '2m' or '500ms', got a boolean")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):  # YAML's .nan/.inf: a deadline that never ends or never compares
+            raise ValueError("a duration must be a finite number of seconds, e.g. '30s'")
         if value < 0:
             raise ValueError("a duration cannot be negative")
         return float(value)

@@ -8,6 +8,7 @@ a torn last line (a crash mid-write) and reports, never raises on, undecodable l
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -95,14 +96,50 @@ def read_history(path: Path) -> History:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-            event = Event(seq=int(obj["seq"]), ts=float(obj["ts"]), type=str(obj["type"]),
-                          phase=str(obj.get("phase", "")), data=dict(obj.get("data") or {}))
-        except (ValueError, KeyError, TypeError) as exc:
-            history.problems.append(f"{path}:{lineno}: undecodable journal line ({type(exc).__name__}: {exc})")
+            event = _decode(json.loads(line))
+        except _BadLine as exc:
+            history.problems.append(f"{path}:{lineno}: malformed journal event: {exc}")
+            continue
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, a number too long, nested too deep
+            history.problems.append(f"{path}:{lineno}: undecodable journal line ({type(exc).__name__}: "
+                                    f"{_clip(str(exc))}); expected one JSON object per line")
             continue
         history.events.append(event)
     return history
+
+
+class _BadLine(ValueError):
+    pass
+
+
+def _decode(obj: Any) -> Event:
+    """An event from one decoded line; a field of the wrong type is named with what it should be, so a
+    damaged journal never hands the checkers a ``seq`` that is a string or a ``data`` that is a list."""
+    if not isinstance(obj, dict):
+        raise _BadLine(f"expected a JSON object with seq, ts, type, phase and data (got {type(obj).__name__})")
+    seq, ts, type_, phase, data = (obj.get(k) for k in ("seq", "ts", "type", "phase", "data"))
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise _BadLine(f"seq: expected a positive integer (got {_clip(repr(seq))})")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not _finite(ts):
+        raise _BadLine(f"ts: expected a finite number of seconds (got {_clip(repr(ts))})")
+    if not isinstance(type_, str) or not type_:
+        raise _BadLine(f"type: expected an event type string (got {_clip(repr(type_))})")
+    if phase is not None and not isinstance(phase, str):
+        raise _BadLine(f"phase: expected a string (got {_clip(repr(phase))})")
+    if data is not None and not isinstance(data, dict):
+        raise _BadLine(f"data: expected a JSON object (got {_clip(repr(data))})")
+    return Event(seq=seq, ts=float(ts), type=type_, phase=phase or "", data=data or {})
+
+
+def _finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _jsonable(obj: Any) -> Any:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, RootModel, ValidationError, field_validator, model_validator
-from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from drills.durations import Duration
 from drills.halt.spec import HaltCondition
+from drills.scenario_yaml import YamlProblem, load_document
 from drills.triggers import Trigger
 from injectors.base import registry
 
@@ -289,8 +288,10 @@ class ScenarioError(ValueError):
         super().__init__(self.render())
 
     def render(self) -> str:
+        """One line per problem (a message with newlines, as ruamel writes some, is joined into one)."""
         return "\n".join(
-            f"{self.path}:{p.line if p.line is not None else '?'}: {p.key + ': ' if p.key else ''}{p.message}"
+            f"{self.path}:{p.line if p.line is not None else '?'}: {p.key + ': ' if p.key else ''}"
+            f"{' '.join(p.message.split())}"
             for p in self.problems
         )
 
@@ -306,26 +307,26 @@ def load_scenario(path: Path | str) -> LoadedScenario:
     """Parse and validate a scenario file; raise ScenarioError listing every problem with its line."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = path.read_bytes()
+    except OSError as exc:
         raise ScenarioError(path, [Problem(None, "", f"cannot read scenario: {exc}")]) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ScenarioError(path, [Problem(line, "", f"byte {raw[exc.start:exc.start + 1]!r} is not UTF-8 "
+                                                     "text; expected a UTF-8 encoded file")]) from exc
     return parse_scenario(text, path)
 
 
 def parse_scenario(text: str, path: Path) -> LoadedScenario:
     try:
-        data = YAML(typ="rt", pure=True).load(text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise ScenarioError(path, [Problem(line, "", f"YAML syntax error: {exc.problem or exc}")]) from exc
-    except YAMLError as exc:
-        raise ScenarioError(path, [Problem(None, "", f"YAML error: {exc}")]) from exc
-    except Exception as exc:  # ruamel raises plain errors on some malformed input (e.g. bad tags)
-        raise ScenarioError(path, [Problem(None, "", f"YAML error: {exc}")]) from exc
+        document = load_document(text)
+    except YamlProblem as exc:
+        raise ScenarioError(path, [Problem(exc.line, "", exc.message)]) from exc
+    data, plain = document.tree, document.plain
     if not isinstance(data, dict):
         raise ScenarioError(path, [Problem(1, "", "a scenario must be a mapping with at least 'name:'")])
-    plain = _plain(data)
     problems: list[Problem] = []
     scenario = None
     try:
@@ -384,14 +385,6 @@ def json_schema() -> dict[str, Any]:
 
 # --- error rendering -------------------------------------------------------------------------------
 
-def _plain(node: Any) -> Any:
-    if isinstance(node, CommentedMap):
-        return {str(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, CommentedSeq):
-        return [_plain(v) for v in node]
-    return node
-
-
 def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
     """1-based line of the deepest YAML node on ``loc`` that exists (a missing key points at its parent)."""
     line = 1
@@ -420,18 +413,31 @@ def _problem(err: dict[str, Any], data: Any, prefix: tuple[Any, ...], model: typ
         message = f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
     elif kind in ("literal_error", "enum"):
         expected = err.get("ctx", {}).get("expected", "")
-        message = f"{err.get('input')!r} is not allowed; allowed values: {expected.replace(' or ', ', ')}"
+        message = f"{_short(err.get('input'))} is not allowed; allowed values: {expected.replace(' or ', ', ')}"
+    elif kind == "int_parsing_size":
+        message = f"{_short(err.get('input'))} is too large; expected an integer below 2**63"
     elif kind == "missing":
         message = "required key is missing"
+    elif kind == "union_tag_not_found":
+        tag_key = err.get("ctx", {}).get("discriminator", "").strip("'")
+        tags = ", ".join(repr(t) for t in _union_tags(model, loc))
+        message = f"required key {tag_key!r} is missing" + (f"; allowed values: {tags}" if tags else "")
     elif kind == "union_tag_invalid":
         tags = err.get("ctx", {}).get("expected_tags", "")
         tag = err.get("ctx", {}).get("tag")
         message = f"{tag!r} is not allowed; allowed values: {tags.replace(' or ', ', ')}"
-        key = _dotted(full + (err.get("ctx", {}).get("discriminator", "").strip("'"),))
+        full += (err.get("ctx", {}).get("discriminator", "").strip("'"),)  # the line of the wrong tag itself
+        key = _dotted(full)
     else:
-        message = f"{err['msg']} (got {err.get('input')!r})" if "input" in err and not isinstance(
+        message = f"{err['msg']} (got {_short(err.get('input'))})" if "input" in err and not isinstance(
             err.get("input"), (dict, list)) else err["msg"]
+        if kind in _EXPECTED:  # pydantic's own words say only what is wrong for these
+            message += f"; expected {_EXPECTED[kind]}"
     return Problem(_line(data, full), key, message)
+
+
+_EXPECTED = {"byte_size": "a size such as '256MiB' or a number of bytes",
+             "byte_size_unit": "a size such as '256MiB' (units B, KB, KiB, MB, MiB, GB, GiB)"}
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -439,8 +445,8 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part:
-            out += ("." if out else "") + str(part)
+        elif part:  # a key with control characters or line breaks is quoted, so the message stays one line
+            out += ("." if out else "") + (str(part) if str(part).isprintable() else repr(str(part)))
     return out
 
 
@@ -449,8 +455,25 @@ def _did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """A value as the message quotes it: a fuzzed 10 kB string must not become a 10 kB error line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _union_tags(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The discriminator values a tagged union at ``loc`` accepts (for a mapping that lacks its tag)."""
+    return [t for m in _models_in(_type_at(model, loc)) if (t := _tag_of(m)) is not None]
+
+
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the mapping at ``loc`` (following lists, optionals, unions by tag)."""
+    models = _models_in(_type_at(model, loc))
+    return models[0] if len(models) == 1 else None
+
+
+def _type_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The annotation of the value at ``loc`` inside ``model`` (None when ``loc`` leaves the models)."""
     current: Any = model
     for part in loc:
         if isinstance(part, int):
@@ -464,8 +487,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
         if owner is None:
             return None
         current = owner.model_fields[part].annotation
-    models = _models_in(current)
-    return models[0] if len(models) == 1 else None
+    return current
 
 
 def _models_in(tp: Any) -> list[type[BaseModel]]:
@@ -495,9 +517,13 @@ def _tag_of(model: Any) -> str | None:
 
 def _data_loc(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """``loc`` without the union tags pydantic inserts (parts that name no key in the YAML)."""
-    out, node = [], data
+    out, node, tag_skipped = [], data, None
     for i, part in enumerate(loc):
-        if isinstance(node, dict) and part not in node and i < len(loc) - 1:
+        # the union tag is the mapping's own `mode` value, even where a key has the same name (disk's
+        # mode errno has an `errno` key): skipped once per mapping
+        is_tag = isinstance(node, dict) and node.get("mode") == part and tag_skipped is not node
+        if isinstance(node, dict) and (is_tag or part not in node) and i < len(loc) - 1:
+            tag_skipped = node
             continue
         out.append(part)
         node = node.get(part) if isinstance(node, dict) else (

@@ -2,28 +2,64 @@
 
 from __future__ import annotations
 
-from drills.checkers import correctness, degenerate, hit_rate, leaks, liveness, recovery, slo
+from collections.abc import Callable
+
+from drills.checkers import correctness, degenerate, evidence, hit_rate, leaks, liveness, recovery, slo
 from drills.checkers.base import CheckResult, RunView
-from drills.journal import History
+from drills.journal import Event, History
 from drills.scenario import ChecksSpec
 
 
 def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
     view = RunView(history)
+    malformed = evidence.malformed_events(history)
     results: list[CheckResult] = []
-    correct = correctness.check(view, checks.correctness) if checks.correctness.enabled else None
+    correct = _guarded("correctness", malformed, lambda: correctness.check(view, checks.correctness)) \
+        if checks.correctness.enabled else None
     if correct:
         results.append(correct)
     if checks.degenerate.enabled:
-        results.append(degenerate.check(view, checks.degenerate))
+        results.append(_guarded("degenerate", malformed, lambda: degenerate.check(view, checks.degenerate)))
     if checks.hit_rate.enabled:
-        results.append(hit_rate.check(view, checks.hit_rate, correctness_failed=bool(correct and correct.verdict == "fail")))
+        failed = bool(correct and correct.verdict == "fail")
+        results.append(_guarded("hit_rate", malformed, lambda: hit_rate.check(view, checks.hit_rate, failed)))
     if checks.leaks.enabled:
-        results.append(leaks.check(view, checks.leaks))
+        results.append(_guarded("leaks", malformed, lambda: leaks.check(view, checks.leaks)))
     if checks.liveness.enabled:
-        results.append(liveness.check(view, checks.liveness))
+        results.append(_guarded("liveness", malformed, lambda: liveness.check(view, checks.liveness)))
     if checks.recovery.enabled:
-        results.append(recovery.check(view, checks.recovery))
+        results.append(_guarded("recovery", malformed, lambda: recovery.check(view, checks.recovery)))
     if checks.slo.enabled:
-        results.append(slo.check(view, checks.slo))
+        results.append(_guarded("slo", malformed, lambda: slo.check(view, checks.slo)))
     return results
+
+
+GUARD_MARK = "checker crashed"  # the fuzz test asserts the evidence contract leaves nothing to the guard
+
+
+def _guarded(name: str, malformed: dict[str, list[evidence.Malformed]],
+             check: Callable[[], CheckResult]) -> CheckResult:
+    """A checker over malformed evidence answers ``error`` naming the event, never an exception: one bad
+    line in a stored journal must not take the other verdicts (or the whole report) down with it."""
+    bad = evidence.for_check(name, malformed)
+    if bad:
+        more = f"; {len(bad) - 1} more malformed event(s) this check reads" if len(bad) > 1 else ""
+        return CheckResult(name, "error", f"malformed evidence in the journal: {bad[0].describe()}{more}",
+                           evidence=[{"kind": "journal", "ref": m.event.ref, "problem": m.problem} for m in bad[:12]])
+    try:
+        return check()
+    except Exception as exc:  # a shape the contract in evidence.py does not cover yet
+        event = _event_in_traceback(exc)
+        where = f" at {event.ref} ({event.type})" if event else ""
+        return CheckResult(name, "error", f"{name} {GUARD_MARK}{where}: {type(exc).__name__}: {exc}; expected the "
+                                          "event shapes in drills/checkers/evidence.py",
+                           evidence=[{"kind": "journal", "ref": event.ref}] if event else [])
+
+
+def _event_in_traceback(exc: BaseException) -> Event | None:
+    """The innermost journal event a crashed checker was looking at (a local variable of its frames)."""
+    found, tb = None, exc.__traceback__
+    while tb is not None:
+        found = next((v for v in tb.tb_frame.f_locals.values() if isinstance(v, Event)), found)
+        tb = tb.tb_next
+    return found

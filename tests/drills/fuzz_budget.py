@@ -1,0 +1,34 @@
+"""How many cases the bad-input fuzz tests run in every ``pytest -m "not real"`` (issue 5, item 6).
+
+Done means at least 10,000 cases without a crash, so the budget is written down here, where a reader and
+``test_fuzz_budget_is_at_least_ten_thousand`` see it, rather than spread over decorators. Every fuzz test
+is derandomized (the same cases on every machine, so a CI failure reproduces locally) and has no
+deadline (a shared 2-core CI box must not turn a slow case into a flaky failure).
+Cheap cases (random text and bytes, ~3 ms) get most of the count; structured ones (a catalogue scenario
+through ruamel, ~15 ms; a recorded journal through every checker, ~20 ms) get hundreds each, which
+derandomized generation spreads over every mutation kind and every file.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+SCENARIO_EXAMPLES = {  # cheap cases get more examples: a catalogue scenario costs ruamel ~15 ms to load
+    "text": 2_700,  # arbitrary text as a scenario file
+    "bytes": 2_000,  # arbitrary bytes, non-UTF-8 included
+    "documents": 600,  # well-formed YAML of the scenario's own keys with wrong keys, types and values
+    "catalogue_mutations": 800,  # the real catalogue scenarios, one mutation each
+    "text_mutations": 500,  # the catalogue's text: bad bytes, tabs, duplicated lines, alias bombs
+}
+JOURNAL_EXAMPLES = {
+    "bytes": 2_400,  # arbitrary bytes as a journal
+    "mutated_lines": 500,  # recorded journals with torn lines and wrong field types
+    "mutated_evidence": 500,  # decodable journals whose event data has the wrong shape for the checkers
+}
+TOTAL_EXAMPLES = sum(SCENARIO_EXAMPLES.values()) + sum(JOURNAL_EXAMPLES.values())
+
+
+def fuzz_settings(examples: int) -> settings:
+    return settings(max_examples=examples, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.filter_too_much])
