@@ -117,6 +117,18 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
     raise typer.Exit(outcome.exit_code)
 
 
+@app.command()
+def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
+            checks: str | None = typer.Option(None, "--checks", help="comma-separated checks to run (default: "
+                                                                    "the scenario's)"),
+            write: bool = typer.Option(True, "--write/--no-write", help="write RUN/analysis/<timestamp>/")) -> None:
+    """Re-run the checkers over a stored run's journal, without any stack, and compare the verdict with
+    the stored one. Exit status as `kvdrill run` (for the re-computed verdict)."""
+    from drills.analyze import analyze_command
+
+    raise typer.Exit(analyze_command(run_dir, checks, write=write))
+
+
 @sandbox_app.command("up")
 def sandbox_up(reports_dir: Path = REPORTS) -> None:
     """Start the sandbox stack and leave it running (state in REPORTS/sandbox.json)."""

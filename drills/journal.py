@@ -86,7 +86,9 @@ def read_history(path: Path) -> History:
             event = Event(seq=int(obj["seq"]), ts=float(obj["ts"]), type=str(obj["type"]),
                           phase=str(obj.get("phase", "")), data=dict(obj.get("data") or {}))
         except (ValueError, KeyError, TypeError) as exc:
-            history.problems.append(f"{path}:{lineno}: undecodable journal line ({type(exc).__name__}: {exc})")
+            # the file's name, not its path: problems land in verdict.json, which must not depend on
+            # where the run directory lives (`kvdrill analyze` reproduces it byte for byte elsewhere)
+            history.problems.append(f"{path.name}:{lineno}: undecodable journal line ({type(exc).__name__}: {exc})")
             continue
         history.events.append(event)
     return history
