@@ -139,8 +139,10 @@ def analyze(run_dir: Path, names: list[str] | None = None, *, write: bool = True
             results = [r for r in results if r.name in names]
     if partial is None or names is not None:
         decision = decide(scenario.expect, *overall(results), results)
-    else:  # nothing to re-check: the stored error stands, judged by the same rules
+    elif stored is not None:  # nothing to re-check: the stored error stands, judged by the same rules
         decision = decide(scenario.expect, stored["verdict"], stored["reason"], results)
+    else:  # no verdict at all: as the runner says of a drill that could not finish, an ERROR
+        decision = decide(scenario.expect, "error", partial, results)
 
     doc = verdict_document(Path(started.data["scenario"]), history,
                            _Outcome(run_id=started.data["run_id"], verdict=decision.verdict, reason=decision.reason,
