@@ -22,6 +22,7 @@ import os
 import platform
 import pstats
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -236,11 +237,16 @@ def synthesize(run_dir: Path, requests: int, prompts: int, seed: int = 11) -> di
             "journal_mb": round((run_dir / "journal.jsonl").stat().st_size / 2**20, 1)}
 
 
-def timed_analyze(run_dir: Path) -> tuple[float, subprocess.CompletedProcess]:
+def timed_analyze(run_dir: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall and CPU seconds (user + system of the kvdrill process): on a shared machine the wall
+    time also measures the neighbours, the CPU time only kvdrill."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run([str(KVDRILL), "analyze", str(run_dir)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(HERE.parent)})
-    return time.perf_counter() - started, proc
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
 
 
 def profile(run_dir: Path) -> str:
@@ -269,18 +275,21 @@ def main() -> None:
         t0 = time.perf_counter()
         made = synthesize(run_dir, args.requests, args.prompts)
         print(f"synthetic run: {made} in {time.perf_counter() - t0:.1f}s -> {run_dir}")
-        times = []
+        times, cpus = [], []
         for _ in range(args.runs):
-            took, proc = timed_analyze(run_dir)
+            took, cpu, proc = timed_analyze(run_dir)
             if proc.returncode != made["exit_code"] or "identical to the stored verdict" not in proc.stdout:
                 raise SystemExit(f"analyze did not reproduce the stored verdict (exit {proc.returncode}):\n"
                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
             times.append(took)
-            print(f"kvdrill analyze: {took:.2f}s (exit {proc.returncode}, identical to the stored verdict)")
+            cpus.append(cpu)
+            print(f"kvdrill analyze: {took:.2f}s wall, {cpu:.2f}s CPU (exit {proc.returncode}, identical to the "
+                  "stored verdict)")
         if args.profile:
             print(profile(run_dir))
     row = {"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), **made, "analyze_s": [round(t, 2) for t in times],
-           "best_s": round(min(times), 2), "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
+           "best_s": round(min(times), 2), "cpu_s": [round(c, 2) for c in cpus],
+           "load_avg_1m": round(os.getloadavg()[0], 2), "machine": f"{platform.machine()} {os.cpu_count()} cpus"}
     results = HERE / "results"
     results.mkdir(exist_ok=True)
     with (results / "analyze.jsonl").open("a") as f:

@@ -18,10 +18,10 @@ from typing import Any
 from drills import checkers
 from drills.checkers.base import CheckResult
 from drills.decide import EXIT, Decision, decide, overall
-from drills.journal import JOURNAL_NAME, Event, History, read_history
+from drills.journal import JOURNAL_NAME, Event, History, gc_paused, read_history
 from drills.report.junit import junit_xml
 from drills.report.markdown import markdown
-from drills.report.verdict import verdict_document
+from drills.report.verdict import verdict_document, verdict_text
 from drills.scenario import ChecksSpec, LoadedScenario, Scenario, ScenarioError, load_scenario
 
 CHECK_NAMES = tuple(ChecksSpec.model_fields)
@@ -113,6 +113,11 @@ def select_checks(spec: ChecksSpec, names: list[str] | None) -> ChecksSpec:
 
 def analyze(run_dir: Path, names: list[str] | None = None, *, write: bool = True,
             stamp: str | None = None) -> Analysis:
+    with gc_paused():  # a large journal's checks allocate millions of acyclic objects (see gc_paused)
+        return _analyze(run_dir, names, write=write, stamp=stamp)
+
+
+def _analyze(run_dir: Path, names: list[str] | None, *, write: bool, stamp: str | None) -> Analysis:
     run_dir = run_dir.resolve()
     journal = run_dir / JOURNAL_NAME
     if not journal.is_file():
@@ -147,17 +152,20 @@ def analyze(run_dir: Path, names: list[str] | None = None, *, write: bool = True
     doc = verdict_document(Path(started.data["scenario"]), history,
                            _Outcome(run_id=started.data["run_id"], verdict=decision.verdict, reason=decision.reason,
                                     checks=results, expectation=decision.expectation, exit_code=decision.exit_code))
-    text = json.dumps(doc, indent=2) + "\n"
-    differences = compare(stored, decision, results, names) if stored else []
+    text = verdict_text(doc)
     stored_path = run_dir / "verdict.json"
+    identical: bool | None = None
+    diff: list[str] = []
     if stored_path.is_file():  # the strong claim: the file a reader of the run sees, byte for byte
         stored_text = stored_path.read_text()
-        identical: bool | None = text == stored_text
-        diff = [] if identical else list(difflib.unified_diff(
-            stored_text.splitlines(), text.splitlines(), "stored/verdict.json", "analysis/verdict.json",
-            lineterm="", n=2))
-    else:  # a bare journal (a copied file): the stored verdict event is all there is to compare with
-        identical, diff = (None if stored is None else not differences), []
+        identical = text == stored_text
+        if not identical:
+            diff = list(difflib.unified_diff(stored_text.splitlines(), text.splitlines(), "stored/verdict.json",
+                                             "analysis/verdict.json", lineterm="", n=2))
+    # verdict.json holds every field the verdict event does: identical files leave nothing to list
+    differences = compare(stored, decision, results, names) if stored and not identical else []
+    if identical is None and stored is not None:  # a bare journal: the verdict event is all there is
+        identical = not differences
 
     out_dir = run_dir / "analysis" / (stamp or time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     analysis = Analysis(run_dir=run_dir, out_dir=out_dir, checks_run=[r.name for r in results], decision=decision,

@@ -8,9 +8,15 @@ from typing import TYPE_CHECKING, Any
 from drills.checkers.base import RunView
 from drills.checkers.hit_rate import phase_rates
 from drills.journal import History
+from drills.report.jsontext import dumps_indented
 
 if TYPE_CHECKING:
     from drills.runner import Outcome
+
+
+def verdict_text(doc: dict[str, Any]) -> str:
+    """verdict.json's text: the one writer the runner and `kvdrill analyze` share (byte for byte)."""
+    return dumps_indented(doc) + "\n"
 
 
 def verdict_document(scenario_path: Path, history: History, outcome: Outcome) -> dict[str, Any]:
