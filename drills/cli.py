@@ -186,6 +186,29 @@ def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique p
     raise typer.Exit(0 if all(r.ok for r in results) else 1)
 
 
+@app.command()
+def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
+            checks: str | None = typer.Option(None, "--checks", help="comma-separated checks to run (default: "
+                                                                    "the scenario's)"),
+            write: bool = typer.Option(True, "--write/--no-write", help="write RUN/analysis/<timestamp>/")) -> None:
+    """Re-run the checkers over a stored run's journal, without any stack, and compare the verdict with
+    the stored one. Exit status as `kvdrill run` (for the re-computed verdict)."""
+    from drills.analyze import analyze_command
+
+    raise typer.Exit(analyze_command(run_dir, checks, write=write))
+
+
+@app.command()
+def replay(run_dir: Path = typer.Argument(..., help="a stored run directory (reports/<run-id>)"),
+           reports_dir: Path | None = typer.Option(None, "--reports-dir", help="where the replay's run directory "
+                                                                              "goes (default: beside RUN)")) -> None:
+    """Run a stored drill again on a fresh stack, same seed, each triggered fault firing where it fired
+    before, and compare the verdicts (replay.md in the new run). Exit 0 same verdict, 1 different."""
+    from drills.replay import replay as do_replay
+
+    raise typer.Exit(do_replay(run_dir, reports_dir, err))
+
+
 @sandbox_app.command("up")
 def sandbox_up(reports_dir: Path = REPORTS) -> None:
     """Start the sandbox stack and leave it running (state in REPORTS/sandbox.json)."""

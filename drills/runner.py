@@ -28,6 +28,7 @@ from drills.checkers.base import CheckResult, RunView
 from drills.checkers.correctness import check as correctness_check
 from drills.checkers.recovery import recovered
 from drills.checkers.recovery import waves as recovery_waves
+from drills.decide import decide, overall
 from drills.halt.monitor import HaltConfigError, HaltMonitor
 from drills.isolation import IsolationError, IsolationPolicy, owned_by_stack, policy_for
 from drills.journal import Journal, read_history
@@ -47,7 +48,6 @@ from drills.workload import EngineClient, PromptSet, build_prompts, send_wave
 from injectors.base import InjectionContext, InjectionError, Injector, registry
 from injectors.process import ProcessFault
 
-EXIT = {"pass": 0, "fail": 1, "error": 2, "aborted": 3}
 MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
 STORE_DRAIN_DEADLINE = 90.0
 THREAD_SETTLE_S = 120.0  # longest thread call a cancelled chaos phase may leave running (a disk fill)
@@ -113,6 +113,7 @@ class Runner:
         self._halt: HaltMonitor | None = None
         self._threads: stop.TrackingExecutor | None = None
         self.stop_switch: stop.StopSwitch | None = None
+        self._checked_through: int | None = None  # last journal seq the checkers read (for `kvdrill analyze`)
 
     # --- entry ---------------------------------------------------------------------------------------
 
@@ -141,8 +142,10 @@ class Runner:
             try:
                 await switch.run_scoped(self._drill(http))
                 with switch.deferred():
-                    results = checkers.run_checks(read_history(self.journal.path), self.scenario.checks)
-                verdict, reason = _overall(results)
+                    history = read_history(self.journal.path)
+                    self._checked_through = history.events[-1].seq if history.events else None
+                    results = checkers.run_checks(history, self.scenario.checks)
+                verdict, reason = overall(results)
             except asyncio.CancelledError:
                 req = switch.request
                 verdict, reason = "aborted", req.reason if req else "cancelled"
@@ -546,15 +549,10 @@ class Runner:
 
     def _finish(self, verdict: str, reason: str, results: list[CheckResult]) -> Outcome:
         self.journal.phase = "report"
-        expectation = _expectation(self.scenario.expect, verdict, results)
-        if expectation is not None and expectation["held"]:
-            code = 0
-        elif expectation is not None and verdict in ("pass", "fail"):
-            code = 1  # the drill ran, and kvdrill's checkers did not say what the scenario expected
-        else:
-            code = EXIT[verdict]  # an ERROR or ABORTED run proves nothing either way
+        d = decide(self.scenario.expect, verdict, reason, results)
+        expectation, code = d.expectation, d.exit_code
         self.journal.append("verdict", verdict=verdict, reason=reason, checks=[r.as_dict() for r in results],
-                            expectation=expectation, exit_code=code)
+                            expectation=expectation, exit_code=code, checked_through=self._checked_through)
         self.journal.close()
         outcome = Outcome(run_id=self.run_id, run_dir=self.run_dir, verdict=verdict, reason=reason, checks=results,
                           expectation=expectation, exit_code=code)
@@ -590,29 +588,6 @@ def _spinner(console: Console, text: str):
     """A slow spinner on a terminal, nothing elsewhere: rich's default 12.5 redraws a second cost about
     4% of a core while it spins (measured), and CI logs gain nothing from them."""
     return console.status(text, refresh_per_second=2) if console.is_terminal else contextlib.nullcontext()
-
-
-def _overall(results: list[CheckResult]) -> tuple[str, str]:
-    failed = [r for r in results if r.verdict == "fail"]
-    errored = [r for r in results if r.verdict == "error"]
-    if errored:
-        return "error", "; ".join(f"{r.name}: {r.summary}" for r in errored)
-    if failed:
-        return "fail", "; ".join(f"{r.name}: {r.summary}" for r in failed)
-    return "pass", "every check passed"
-
-
-def _expectation(expect, verdict: str, results: list[CheckResult]) -> dict[str, Any] | None:
-    if expect is None:
-        return None
-    by_name = {r.name: r.verdict for r in results}
-    problems = []
-    if verdict != expect.verdict:
-        problems.append(f"verdict {verdict}, expected {expect.verdict}")
-    problems += [f"{c} did not fail ({by_name.get(c, 'not run')})" for c in expect.failing_checks if by_name.get(c) != "fail"]
-    problems += [f"{c} did not pass ({by_name.get(c, 'not run')})" for c in expect.passing_checks if by_name.get(c) != "pass"]
-    return {"verdict": expect.verdict, "failing_checks": expect.failing_checks,
-            "passing_checks": expect.passing_checks, "held": not problems, "problems": problems}
 
 
 async def _get_json(http: httpx.AsyncClient, url: str) -> Any:

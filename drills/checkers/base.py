@@ -29,7 +29,11 @@ class CheckResult:
 
 @dataclass
 class RunView:
-    """Requests, responses and observations of one run, indexed the way checkers ask for them."""
+    """Requests, responses and observations of one run, indexed the way checkers ask for them.
+
+    Checkers ask per response (its oracle, whether a fault held its service down), so what those
+    answers need from the whole journal is indexed once here: a scan of the journal per response made
+    a 100,000-request run quadratic (bench/analyze.py)."""
 
     history: History
     responses: list[Event] = field(default_factory=list)
@@ -37,6 +41,20 @@ class RunView:
 
     def __post_init__(self) -> None:
         self.responses = list(self.history.of_type("response"))
+        # the last heal per fault id, as a dict built in journal order keeps it
+        self._healed = {e.data.get("fault_id"): e.ts for e in self.history.of_type("fault.healed")}
+        injected = list(self.history.of_type("fault.injected"))
+        self._down = [DownWindow(service=e.data.get("service", ""), fault_id=e.data.get("fault_id"), start=e.ts,
+                                 end=self._healed.get(e.data.get("fault_id"), float("inf")), ref=e.ref)
+                      for e in injected if e.data.get("service_down")]
+        # model-upgrade faults: while one holds, its own baseline answers (oracle_set) are the oracle
+        self._oracle_windows = [(fid, e.ts, self._healed.get(fid, float("inf")))
+                                for e in injected if (fid := e.data.get("oracle_set"))]
+        self._set_answers: dict[tuple[Any, Any], Event] = {}
+        if self._oracle_windows:
+            for b in self.responses:
+                if b.data.get("oracle_set") and b.data.get("ok"):
+                    self._set_answers.setdefault((b.data["oracle_set"], b.data.get("prompt_id")), b)
 
     def phase_responses(self, phase: str, target: str = "engine") -> list[Event]:
         return [e for e in self.responses if e.phase == phase and e.data.get("target") == target]
@@ -55,18 +73,11 @@ class RunView:
 
     def down_windows(self) -> list[DownWindow]:
         """When a fault deliberately took a service down: from the fault landing to its heal."""
-        healed = {e.data.get("fault_id"): e.ts for e in self.history.of_type("fault.healed")}
-        windows = []
-        for e in self.history.of_type("fault.injected"):
-            if e.data.get("service_down"):
-                fid = e.data.get("fault_id")
-                windows.append(DownWindow(service=e.data.get("service", ""), fault_id=fid, start=e.ts,
-                                          end=healed.get(fid, float("inf")), ref=e.ref))
-        return windows
+        return list(self._down)
 
     def expected_down(self, response: Event, service: str = "engine") -> DownWindow | None:
         """The fault window that explains a failed request to ``service``, if any."""
-        for w in self.down_windows():
+        for w in self._down:
             if w.service == service and w.start <= response.ts <= w.end + 0.5:
                 return w
         return None
@@ -79,14 +90,9 @@ class RunView:
         """The reference answer for ``response``: the no-cache baseline of the model that was serving
         when it was answered (a model-upgrade fault journals v2's own baseline answers as ``oracle_set``)."""
         pid = response.data.get("prompt_id")
-        healed = {e.data.get("fault_id"): e.ts for e in self.history.of_type("fault.healed")}
-        for e in self.history.of_type("fault.injected"):
-            fid = e.data.get("oracle_set")
-            if fid and e.ts <= response.ts <= healed.get(fid, float("inf")):
-                for b in self.responses:
-                    if b.data.get("oracle_set") == fid and b.data.get("prompt_id") == pid and b.data.get("ok"):
-                        return b
-                return None
+        for fid, start, end in self._oracle_windows:
+            if start <= response.ts <= end:
+                return self._set_answers.get((fid, pid))
         return self.oracle().get(pid)
 
     def correct(self, response: Event) -> bool:

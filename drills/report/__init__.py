@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from drills.journal import History
 from drills.report.junit import junit_xml
 from drills.report.markdown import headline, markdown
-from drills.report.verdict import verdict_document
+from drills.report.verdict import verdict_document, verdict_text
 
 if TYPE_CHECKING:
     from drills.runner import Outcome
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def write_reports(run_dir: Path, scenario_path: Path, history: History, outcome: Outcome) -> None:
     doc = verdict_document(scenario_path, history, outcome)
-    (run_dir / "verdict.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (run_dir / "verdict.json").write_text(verdict_text(doc))
     versions = next((e.data for e in history.of_type("versions")), {})
     reported = next((e.data for e in history.of_type("versions.reported")), {})
     (run_dir / "versions.json").write_text(json.dumps({**versions, "reported": reported}, indent=2) + "\n")

@@ -8,10 +8,16 @@ from typing import TYPE_CHECKING, Any
 from drills.checkers.base import RunView
 from drills.checkers.hit_rate import phase_rates
 from drills.journal import History
+from drills.report.jsontext import dumps_indented
 from drills.report.stopped import halt_conditions, stop_summary
 
 if TYPE_CHECKING:
     from drills.runner import Outcome
+
+
+def verdict_text(doc: dict[str, Any]) -> str:
+    """verdict.json's text: the one writer the runner and `kvdrill analyze` share (byte for byte)."""
+    return dumps_indented(doc) + "\n"
 
 
 def verdict_document(scenario_path: Path, history: History, outcome: Outcome) -> dict[str, Any]:
@@ -27,7 +33,7 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
                "landing": landed.get(e.data["fault_id"])} for e in history.of_type("fault.verified")]
     heals = [{"fault_id": e.data["fault_id"], "undone": e.data["undone"], "already_healed": e.data["already_healed"],
               "ref": e.ref} for e in history.of_type("fault.healed")]
-    return {
+    doc: dict[str, Any] = {
         "run_id": outcome.run_id,
         "scenario": str(scenario_path),
         "verdict": outcome.verdict,
@@ -47,8 +53,14 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
         },
         "faults": faults,
         "heals": heals,
-        "stopped": stop_summary(history),
-        "halt_conditions": halt_conditions(history),
         "journal_problems": history.problems,
         "evidence": {"journal": "journal.jsonl", "logs": "logs/", "versions": "versions.json"},
     }
+    # only where they apply: a drill that ran to its end without halt conditions has the document a run
+    # recorded before these keys existed, so `kvdrill analyze` reproduces older runs byte for byte too
+    stopped, conditions = stop_summary(history), halt_conditions(history)
+    if stopped is not None:
+        doc["stopped"] = stopped
+    if conditions is not None:
+        doc["halt_conditions"] = conditions
+    return doc

@@ -59,7 +59,7 @@ def read_and_check(path: Path, data: bytes, damaged_lines: set[int] | None = Non
     path.write_bytes(data)
     history = read_history(path)
     for problem in history.problems:
-        match = re.match(rf"{re.escape(str(path))}:(\d+): ", problem)
+        match = re.match(rf"{re.escape(path.name)}:(\d+): ", problem)
         assert match, problem
         assert "expected" in problem, problem
         if damaged_lines is not None:

@@ -50,4 +50,4 @@ def test_any_bytes_read_as_a_history_without_raising(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("j") / "journal.jsonl"
     path.write_bytes(data)
     history = read_history(path)
-    assert all(p.startswith(str(path)) for p in history.problems)
+    assert all(p.startswith(path.name) for p in history.problems)  # its name: verdict.json is location-free

@@ -93,3 +93,42 @@ def test_twin_detects_the_tampering_and_passes(flagship, twin):
     assert doc["metrics"]["hit_rate_tokens"] < flagship[2]["metrics"]["hit_rate_tokens"]
     assert (run_dir / "report.md").read_text().startswith("# PASS")
     assert_nothing_left(started_pids(run_dir / "journal.jsonl"))
+
+
+def test_analyze_reproduces_the_flagship_verdict_byte_for_byte(flagship):
+    """Offline, no stack: the checkers over the stored journal give the stored verdict.json exactly."""
+    _, run_dir, _ = flagship
+    proc = run_kvdrill(["analyze", str(run_dir)], timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"  # as `kvdrill run`: expectation held
+    assert "identical to the stored verdict (verdict.json byte for byte)" in proc.stdout
+    [out] = list((run_dir / "analysis").iterdir())
+    assert (out / "verdict.json").read_bytes() == (run_dir / "verdict.json").read_bytes()
+    assert (out / "report.md").read_text() == (run_dir / "report.md").read_text()
+
+
+def test_replay_of_the_flagship_reaches_the_same_verdict(flagship):
+    """One more drill on a fresh stack: same seed, same faults, same per-check verdicts."""
+    _, run_dir, doc = flagship
+    reports = ARTIFACTS / "flagship-replay"
+    reports.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in reports.iterdir()}
+    proc = run_kvdrill(["replay", str(run_dir), "--reports-dir", str(reports)], timeout=1500)
+    [new] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
+    cmp = json.loads((new / "replay.json").read_text())
+    assert cmp["same_verdict"] and cmp["replay"]["verdict"] == doc["verdict"] == "fail"
+    assert cmp["differences"] == [], cmp["differences"]
+    assert cmp["replay"]["checks"] == {c["name"]: c["verdict"] for c in doc["checks"]}
+    replayed = json.loads((new / "verdict.json").read_text())
+    assert replayed["expectation"]["held"] and replayed["run_id"] != doc["run_id"]
+    started = json.loads((new / "journal.jsonl").read_text().splitlines()[0])
+    assert started["data"]["seed"] == doc_seed(run_dir)
+    assert (new / "replay.md").read_text().startswith(f"# Replay of `{doc['run_id']}`: same verdict")
+    assert_nothing_left(started_pids(new / "journal.jsonl"))
+    # and the replay's own stored verdict is reproduced offline too (its verdict event records checked_through)
+    again = run_kvdrill(["analyze", str(new), "--no-write"], timeout=300)
+    assert again.returncode == 0 and "identical to the stored verdict" in again.stdout, again.stdout
+
+
+def doc_seed(run_dir):
+    return json.loads((run_dir / "journal.jsonl").read_text().splitlines()[0])["data"]["seed"]
