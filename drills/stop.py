@@ -28,6 +28,7 @@ import contextvars
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import asdict, dataclass, field
@@ -37,7 +38,7 @@ from typing import Any, Literal, TypeVar
 from drills import active
 from drills.journal import Journal
 
-Source = Literal["ctrl-c", "sigterm", "kvdrill-abort", "halt"]
+Source = Literal["ctrl-c", "sigterm", "sighup", "kvdrill-abort", "halt"]
 ABORT_SIGNAL = signal.SIGUSR1
 T = TypeVar("T")
 
@@ -151,21 +152,31 @@ class StopSwitch:
 
 
 def install(loop: asyncio.AbstractEventLoop, main: asyncio.Task) -> StopSwitch:
-    """SIGINT, SIGTERM and SIGUSR1 stop what ``main`` runs, each with its own reason. SIGINT explicitly:
-    a process started in the background by a non-interactive shell (a CI job, `make test &`) inherits
-    SIGINT as ignored, and Ctrl-C or `kill -INT` would then do nothing."""
+    """SIGINT, SIGTERM, SIGHUP and SIGUSR1 stop what ``main`` runs, each with its own reason. SIGINT
+    explicitly: a process started in the background by a non-interactive shell (a CI job, `make test &`)
+    inherits SIGINT as ignored, and Ctrl-C or `kill -INT` would then do nothing. SIGHUP is what a closed
+    terminal or a dropped ssh session sends: by default it kills kvdrill with faults still injected."""
     switch = StopSwitch(main)
     loop.add_signal_handler(signal.SIGINT, lambda: switch.stop(
         StopRequest("ctrl-c", "aborted: Ctrl-C (SIGINT)", requested_at=time.time())))
     loop.add_signal_handler(signal.SIGTERM, lambda: switch.stop(
         StopRequest("sigterm", "aborted: SIGTERM", requested_at=time.time())))
+    loop.add_signal_handler(signal.SIGHUP, lambda: _hung_up(switch))
     loop.add_signal_handler(ABORT_SIGNAL, lambda: switch.stop(abort_request_from_signal()))
     CURRENT.set(switch)
     return switch
 
 
+def _hung_up(switch: StopSwitch) -> None:
+    """The terminal is gone: writing progress to it would fail (EIO) in the middle of the heal, so the
+    console goes to /dev/null first; the journal and the report still say everything."""
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - replaces the dead streams for the rest of the process
+    sys.stdout = sys.stderr = devnull
+    switch.stop(StopRequest("sighup", "aborted: SIGHUP (the terminal or session went away)", requested_at=time.time()))
+
+
 def uninstall(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT, ABORT_SIGNAL):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, ABORT_SIGNAL):
         loop.remove_signal_handler(sig)
     signal.signal(ABORT_SIGNAL, signal.SIG_IGN)  # a late `kvdrill abort` must not kill a finished run
     CURRENT.set(None)

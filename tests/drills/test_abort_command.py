@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,3 +87,19 @@ def test_abort_one_run_by_name_leaves_the_other_running(tmp_path):
 def test_unknown_run_is_exit_2(tmp_path):
     result = CliRunner().invoke(app, ["abort", "nope"])
     assert result.exit_code == 2 and "no running drill matches 'nope'" in result.output
+
+
+def test_a_hangup_heals_like_an_abort(tmp_path):
+    """Closing the terminal (SIGHUP) would kill kvdrill outright by default, faults still injected."""
+    run_dir = tmp_path / "hung-up"
+    proc = start_fake(run_dir)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=30) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    history = read_history(run_dir)
+    assert history.first("stop.requested").data["source"] == "sighup"
+    assert history.first("drill.stopped").data["reason"] == "aborted: SIGHUP (the terminal or session went away)"
+    assert history.first("fault.healed").data["undone"] == ["thawed the fake"]
