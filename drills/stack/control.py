@@ -18,7 +18,7 @@ from rich.table import Table
 from drills.journal import Journal
 from drills.runner import new_run_id
 from drills.scenario import StackSpec
-from drills.stack.process import StackError, group_members, remove_shm_of, terminate_group
+from drills.stack.process import StackError, group_members, leader_runs, remove_shm_of, terminate_group
 from drills.stack.sandbox import SandboxStack, remove_served
 
 STATE = "sandbox.json"
@@ -26,16 +26,6 @@ STATE = "sandbox.json"
 
 def _state_path(reports_dir: Path) -> Path:
     return reports_dir / STATE
-
-
-def _runs(pid: int, argv: list[str]) -> bool:
-    """Whether ``pid`` still runs the command we started (a script's interpreter may precede it)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    actual = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-    return len(actual) >= len(argv) and actual[len(actual) - len(argv):] == argv
 
 
 def up(reports_dir: Path, console: Console) -> int:
@@ -84,7 +74,7 @@ def down(reports_dir: Path, console: Console) -> int:
     async def stop_all() -> None:
         for name, svc in sorted(state["services"].items(), key=lambda kv: kv[0] == "lmcache"):
             pid = svc["pid"]
-            if not _runs(pid, svc["argv"]):
+            if not leader_runs(pid, svc["argv"]):
                 if group_members(pid):
                     console.print(f"{name}: pid {pid} now runs something else; refusing to signal it")
                 else:
@@ -113,7 +103,7 @@ def status(reports_dir: Path, console: Console) -> int:
     table = Table("service", "pid", "running", "health", "url")
     healthy = True
     for name, svc in state["services"].items():
-        running = _runs(svc["pid"], svc["argv"])
+        running = leader_runs(svc["pid"], svc["argv"])
         try:
             code = httpx.get(svc["health"], timeout=2).status_code
         except httpx.HTTPError as exc:

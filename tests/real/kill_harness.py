@@ -22,7 +22,6 @@ import asyncio
 import random
 import signal
 import sys
-import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +36,7 @@ from drills.stack.process import ProcessDriver, ServiceSpec
 from drills.stack.sandbox import ChunkFile, SandboxStack, free_port
 from drills.workload import Prompt, PromptSet
 from injectors.base import InjectionContext, registry
+from tests.process_fixtures import STUBBORN_SERVICE
 
 # variant -> (injector, params, stack needs); the test picks variants round-robin with a seeded shuffle
 VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -71,23 +71,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "proc-restart": ("process", {"service": "svc", "action": "restart", "grace": 0.5}, {"service": True}),
 }
 
-# a leader that serves /health and forks a child which ignores SIGTERM and names a /dev/shm file after its
-# pid (as vLLM's workers name lmcache_kv_<pid>_*): rollback must escalate and clean the segment
-SERVICE = textwrap.dedent("""
-    import http.server, os, signal, sys, time
-    port = int(sys.argv[1])
-    if os.fork() == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        open(f"/dev/shm/lmcache_kv_{os.getpid()}_0", "wb").write(b"x" * 4096)
-        while True:
-            time.sleep(1)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-        def log_message(self, *a):
-            pass
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-""")
 
 CHUNKS_PER_PROMPT = 2
 
@@ -122,7 +105,7 @@ class MiniStack:
 
     async def start_service(self, tmp: Path) -> None:
         script = tmp / "svc.py"
-        script.write_text(SERVICE)
+        script.write_text(STUBBORN_SERVICE)
         port = free_port()
         self.specs["svc"] = ServiceSpec(name="svc", argv=[sys.executable, str(script), str(port)], env={},
                                         health_url=f"http://127.0.0.1:{port}/health", startup_deadline=20)
