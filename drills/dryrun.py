@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, RootModel
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from ruamel.yaml import YAML
 
@@ -281,7 +282,17 @@ def _model(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
                                     "cached across runs and scenarios")
 
 
-_PLANNERS = {"process": _process, "store": _store, "network": _network, "disk": _disk, "kv_corrupt": _kv_corrupt,
+def _named_process(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
+    from drills.isolation import read_cmdline
+
+    cmdline = read_cmdline(p.pid)
+    if cmdline is None:
+        fp.problems.append(f"pid {p.pid} is not running now")
+        return
+    fp.targets.append({"pid": p.pid, "cmdline": list(cmdline), "action": p.action})
+
+
+_PLANNERS = {"process": _process, "named_process": _named_process, "store": _store, "network": _network, "disk": _disk, "kv_corrupt": _kv_corrupt,
              "model": _model}
 
 
@@ -293,12 +304,12 @@ def to_json(plan: dict[str, Any]) -> str:
 
 def render(plan: dict[str, Any], console: Console) -> None:
     sc, st = plan["scenario"], plan["stack"]
-    console.print(f"[bold]dry run[/] {sc['name']} ({sc['path']}), seed {sc['seed']}: nothing started, "
+    console.print(f"[bold]dry run[/] {escape(str(sc['name']))} ({escape(str(sc['path']))}), seed {sc['seed']}: nothing started, "
                   "nothing injected")
-    console.print(f"stack [bold]{st['ref']}[/] in {st['run_dir']}; phases: {' → '.join(plan['phases'])}")
+    console.print(f"stack [bold]{st['ref']}[/] in {escape(str(st['run_dir']))}; phases: {' → '.join(plan['phases'])}")
     services = Table("service", "program", "in namespace", title="services the stack starts", title_justify="left")
     for name, s in st["services"].items():
-        services.add_row(name, s["program"], "yes" if s["netns"] else "no")
+        services.add_row(escape(name), escape(s["program"]), "yes" if s["netns"] else "no")
     console.print(services)
     for f in plan["faults"]:
         # one key/value table per fault: long targets fold instead of being cut off in a narrow terminal
@@ -306,21 +317,21 @@ def render(plan: dict[str, Any], console: Console) -> None:
         t.add_column(style="bold", no_wrap=True)
         t.add_column(overflow="fold")
         t.add_row("injector", f["injector"])
-        t.add_row("trigger", json.dumps(f["trigger"]))
-        t.add_row("params", json.dumps(f["params"], sort_keys=True))
+        t.add_row("trigger", escape(json.dumps(f["trigger"])))
+        t.add_row("params", escape(json.dumps(f["params"], sort_keys=True)))
         for n, target in enumerate(f["targets"]):
-            t.add_row(f"target {n}", json.dumps(target, sort_keys=True))
+            t.add_row(f"target {n}", escape(json.dumps(target, sort_keys=True)))
         for k, v in f["seeded"].items():
-            t.add_row(f"seeded: {k}", v if isinstance(v, str) else json.dumps(v, sort_keys=True))
+            t.add_row(f"seeded: {k}", escape(v if isinstance(v, str) else json.dumps(v, sort_keys=True)))
         console.print(t)
     s = plan["seeds"]
     console.print(f"seeds: workload {s['workload']!r}, toxiproxy {s['toxiproxy']}, per fault "
                   + ", ".join(f"{k}={v!r}" for k, v in s["faults"].items()))
     for u in s["unseeded"]:
-        console.print(f"  unseeded: {u}")
+        console.print(f"  unseeded: {escape(u)}")
     for p in plan["problems"]:
-        console.print(f"[red]cannot resolve[/] {p}")
+        console.print(f"[red]cannot resolve[/] {escape(p)}")
     for r in plan["refusals"]:
-        console.print(f"[red]refused[/] ({r['rule']} rule) {r['where']}: {r['target']}: {r['why']}.\n"
-                      f"  to allow it: {r['fix']}")
+        console.print(escape(f"refused ({r['rule']} rule) {r['where']}: {r['target']}: {r['why']}.\n"
+                             f"  to allow it: {r['fix']}"), style="red")
     console.print("[green]plan allowed[/]" if plan["allowed"] else "[red]plan refused[/]: nothing would run")

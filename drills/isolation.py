@@ -32,7 +32,7 @@ Rule = Literal["host", "path", "process"]
 # keys of a planned target (injectors' plan() output) that name something the fault touches
 PATH_KEYS = frozenset({"path", "other_path", "source_path", "l2_dir", "mountpoint", "readonly_target"})
 HOSTPORT_KEYS = frozenset({"listen", "upstream"})
-PGID_KEYS = frozenset({"pgid"})
+PGID_KEYS = frozenset({"pgid", "pid"})  # a group kvdrill started, or a process the scenario names
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class IsolationPolicy:
     scenario_paths: tuple[Path, ...] = ()
     scenario_processes: tuple[NamedProcess, ...] = ()
     probe_urls: tuple[tuple[int, str], ...] = ()  # halt conditions' http probes outside the run's services
+    named_faults: tuple[tuple[int, int], ...] = ()  # (fault index, pid) of named_process faults
 
     @classmethod
     def build(cls, scenario: Scenario, allow_targets: Iterable[str], owned: Owned) -> IsolationPolicy:
@@ -93,7 +94,9 @@ class IsolationPolicy:
                    scenario_paths=tuple(Path(p) for p in t.paths),
                    scenario_processes=tuple(NamedProcess(p.pid, tuple(p.cmdline)) for p in t.processes),
                    probe_urls=tuple((i, c.http.url) for i, c in enumerate(scenario.halt)
-                                    if c.http is not None and not SERVICE_PLACEHOLDER.match(c.http.url)))
+                                    if c.http is not None and not SERVICE_PLACEHOLDER.match(c.http.url)),
+                   named_faults=tuple((i, f.params["pid"]) for i, f in enumerate(scenario.chaos.faults)
+                                      if f.injector == "named_process" and isinstance(f.params.get("pid"), int)))
 
     # --- rules -------------------------------------------------------------------------------------
 
@@ -175,6 +178,8 @@ class IsolationPolicy:
         hosts = sorted(self.scenario_hosts | self.flag_hosts)
         found = [self.check_host(h, "targets.hosts" if h in self.scenario_hosts else "--allow-target") for h in hosts]
         found += [self.check_url(url, f"halt[{i}].http.url") for i, url in self.probe_urls]
+        # before the stack starts, not minutes later when the fault is planned
+        found += [self.check_process(pid, f"chaos.faults[{i}].params.pid") for i, pid in self.named_faults]
         for n in self.scenario_processes:
             actual = read_cmdline(n.pid)
             if actual != n.cmdline:

@@ -83,6 +83,11 @@ def _process(data: dict[str, Any]) -> HealReport:
     return undo(data["undo"])
 
 
+def _named_process(data: dict[str, Any]) -> HealReport:
+    from injectors.named_process import undo
+    return undo(data["undo"])
+
+
 def _model(data: dict[str, Any]) -> HealReport:
     from injectors.model import undo
     return undo(data["undo"])
@@ -91,7 +96,7 @@ def _model(data: dict[str, Any]) -> HealReport:
 # every family in injectors/ (store is process's undo: it journals through ProcessFault.inject)
 UNDO: dict[str, Callable[[dict[str, Any]], HealReport]] = {
     "kv_corrupt": _kv_corrupt, "disk": _disk, "network": _network, "process": _process, "store": _process,
-    "model": _model,
+    "model": _model, "named_process": _named_process,
 }
 
 

@@ -3,7 +3,8 @@ process group.
 
 vLLM runs an API server, an EngineCore and workers; a signal to one pid leaves orphans holding shared
 memory and ports (shared/facts/network-disk-process-faults.md §6), so every signal goes to the group
-the stack started. Only services kvdrill started can be named: there is no way to aim this at a pid.
+the stack started. Only services kvdrill started can be named; a process of someone else's test
+instance is ``named_process``'s, and only when the scenario names it exactly.
 The proof reads the processes' state from ``/proc``, not the driver's bookkeeping.
 """
 
