@@ -360,13 +360,15 @@ def _mark_aborted(run_dir: Path, journal: Journal, report: RollbackReport) -> No
 
 def render(report: RollbackReport, console) -> None:
     """What was undone, what was already healed, what could not be undone (rich text for the operator)."""
-    console.print(f"[bold]rollback[/] {report.run_dir}")
+    from rich.markup import escape  # journal text can hold brackets that rich would read as markup
+
+    console.print(f"[bold]rollback[/] {escape(str(report.run_dir))}")
     for line in report.problems:
-        console.print(f"  [yellow]journal:[/] {line}")
+        console.print(f"  [yellow]journal:[/] {escape(line)}")
     undone, healed, failed = report.of("undone"), report.of("already_healed"), report.of("failed")
     for title, style, items in (("undone", "green", undone), ("could NOT undo", "red", failed)):
         for i in items:
-            console.print(f"  [{style}]{title:>14}[/] {i.step}: {i.what}", highlight=False)
+            console.print(f"  [{style}]{title:>14}[/] {escape(i.step)}: {escape(i.what)}", highlight=False)
     if healed:
         console.print(f"  {'already healed':>14} {len(healed)} item(s) (see journal rollback.already_healed)")
     if not undone and not failed:
