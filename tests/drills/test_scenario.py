@@ -105,7 +105,8 @@ def test_unreadable_file(tmp_path):
 def test_schema_includes_injector_params():
     schema = json_schema()
     fault = schema["$defs"]["FaultSpec"]["oneOf"]
-    assert [v["properties"]["injector"]["const"] for v in fault] == ["disk", "kv_corrupt", "model", "network", "process", "store"]
+    assert [v["properties"]["injector"]["const"] for v in fault] == ["disk", "kv_corrupt", "model", "named_process", "network",
+                                                                     "process", "store"]
     assert "Scenario" not in schema["$defs"] and schema["properties"]["workload"]
 
 
