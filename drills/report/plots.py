@@ -174,7 +174,7 @@ def hit_rate_vs_correctness(history: History) -> str | None:
                     color="#0d47a1", zorder=4)
     xs = [(w["start"] + w["end"]) / 2 for w in windows if w["correct_rate"] is not None]
     ys = [100 * w["correct_rate"] for w in windows if w["correct_rate"] is not None]
-    ax.plot(xs, ys, color="#c62828", marker="o", linewidth=1.5, linestyle=":", markersize=8,
+    ax.plot(xs, ys, color="#c62828", marker="o", linestyle="none", markersize=8,
             label="answers correct (token-identical to the no-cache baseline)", zorder=3)
     for w in windows:
         if w["correct_rate"] is not None:

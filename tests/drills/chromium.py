@@ -36,16 +36,20 @@ class Browser:
         self._out_r, out_w = os.pipe()
 
         def wire() -> None:  # in the child: the protocol's fds are 3 (commands in) and 4 (replies out)
-            a, b = os.dup(cmd_r), os.dup(out_w)
+            a, b = os.dup(cmd_r), os.dup(out_w)  # first out of the way, in case either already is 3 or 4
             os.dup2(a, 3)
             os.dup2(b, 4)
+            for fd in (3, 4):  # dup2 onto itself (a was already 3) keeps close-on-exec: clear it either way
+                os.set_inheritable(fd, True)
 
         self.proc = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
              "--disable-background-networking", "--disable-dev-shm-usage", "--hide-scrollbars",
              f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=wire, pass_fds=(3, 4), start_new_session=True)
+            # close_fds=False: the fds 3 and 4 wire() makes must survive to exec (pass_fds cannot name fds the
+            # parent may not have open); every other fd Python opens is close-on-exec anyway (PEP 446)
+            preexec_fn=wire, close_fds=False, start_new_session=True)
         os.close(cmd_r)
         os.close(out_w)
         self._buf = b""
@@ -146,7 +150,7 @@ for (const id of %s) {
   out[id] = {width: r.width, height: r.height, top: r.top + window.scrollY,
              shown: s.visibility !== "hidden" && s.display !== "none" && s.opacity !== "0",
              decoded: el.tagName === "IMG" ? (el.complete && el.naturalWidth > 0) : null,
-             text: (el.innerText || "").slice(0, 200)};
+             text: (el.innerText || "").slice(0, 400)};
 }
 return out; })()"""
 
