@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from drills.journal import History
 from drills.report.junit import junit_xml
@@ -23,18 +23,35 @@ def write_reports(run_dir: Path, scenario_path: Path, history: History, outcome:
     versions = next((e.data for e in history.of_type("versions")), {})
     reported = next((e.data for e in history.of_type("versions.reported")), {})
     (run_dir / "versions.json").write_text(json.dumps({**versions, "reported": reported}, indent=2) + "\n")
-    record = run_record(doc, history)
-    (run_dir / "record.json").write_text(record_text(record))
-    (run_dir / "report.md").write_text(markdown(doc, history, record))
-    (run_dir / "junit.xml").write_text(junit_xml(doc))
-    write_html(run_dir, doc, history, record)
+    write_documents(run_dir, doc, history)
 
 
-def write_html(out_dir: Path, doc: dict, history: History, record: dict, base: str = "") -> None:
-    """report.html; imported here, not at the top, so matplotlib loads only when a report is written."""
-    from drills.report.html import render_html
+def write_documents(out_dir: Path, doc: dict[str, Any], history: History, base: str = "") -> None:
+    """record.json, report.md, junit.xml and report.html for a verdict document: the runner's and
+    `kvdrill analyze`'s (``base``: the way from ``out_dir`` back to the run directory, for links).
 
-    (out_dir / "report.html").write_text(render_html(doc, history, record, base=base))
+    The record and the page read raw journal shapes beyond the checkers' evidence contract, so a
+    failure there is written down in report.md (and record.json says it) instead of costing the run
+    its report: the verdict and JUnit files never depend on them."""
+    (out_dir / "junit.xml").write_text(junit_xml(doc))
+    problems: list[str] = []
+    try:
+        record: dict[str, Any] | None = run_record(doc, history)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        record = None
+        problems.append(f"record.json: {type(exc).__name__}: {exc}")
+    (out_dir / "record.json").write_text(record_text(record if record is not None else
+                                                     {"run_id": doc["run_id"], "error": problems[0]}))
+    if record is not None:
+        try:
+            from drills.report.html import render_html  # here: matplotlib loads only when a report is written
+
+            (out_dir / "report.html").write_text(render_html(doc, history, record, base=base))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            problems.append(f"report.html: {type(exc).__name__}: {exc}")
+    else:
+        problems.append("report.html: not written without a record")
+    (out_dir / "report.md").write_text(markdown(doc, history, record, problems))
 
 
-__all__ = ["write_reports", "write_html", "headline"]
+__all__ = ["write_reports", "write_documents", "headline"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drills.journal import History
-from drills.report.record import cell_text, flatten, run_record, why_missing
+from drills.report.record import cell_text, flatten, why_missing
 from drills.report.stopped import markdown_section as stopped_section
 
 
@@ -39,7 +39,9 @@ def _clip(text: str, width: int = 140) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | None = None) -> str:
+def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | None = None,
+             problems: list[str] | None = None) -> str:
+    """``record``: the run record to show (None: none could be built, ``problems`` says why)."""
     out = [f"# {headline(doc)}", "", f"- run: `{doc['run_id']}`", f"- scenario: `{doc['scenario']}`",
            f"- reason: {doc['reason']}"]
     exp = doc.get("expectation")
@@ -111,7 +113,8 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
     out += ["", "## Timeline", "", "| phase | took | note |", "|---|---|---|"]
     for e in history.of_type("phase.finished"):
         out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")
-    out += _record_section(record if record is not None else run_record(doc, history))
+    if record is not None:
+        out += _record_section(record)
     out += ["", "## Evidence on disk", "", "- `journal.jsonl` — every request, response, fault, proof and metric "
             "snapshot (`journal.jsonl#N` is line N)", "- `logs/` — per-service logs (LMCache server, engine, baseline)",
             "- `versions.json` — what ran", "- `record.json` — the run record below, for `kvdrill compare`",
@@ -119,6 +122,8 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
             "- `verdict.json`, `junit.xml`", ""]
     if doc["journal_problems"]:
         out += ["## Journal problems", ""] + [f"- {p}" for p in doc["journal_problems"]] + [""]
+    if problems:
+        out += ["## Report problems", ""] + [f"- {p}" for p in problems] + [""]
     return "\n".join(out)
 
 

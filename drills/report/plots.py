@@ -21,8 +21,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from drills.checkers.base import RunView  # noqa: E402
+from drills.checkers.hit_rate import window  # noqa: E402
 from drills.journal import Event, History  # noqa: E402
-from drills.observe.prom import total  # noqa: E402
 from drills.report.record import LATENCY_PHASES  # noqa: E402
 
 # one colour per request outcome, the same in the legend, the timeline and the HTML tables
@@ -31,7 +31,6 @@ OUTCOME_COLOURS = {"correct": "#2e7d32", "wrong": "#c62828", "failed": "#ef6c00"
 PHASE_COLOURS = {"preflight": "#eceff1", "up": "#e3f2fd", "oracle": "#e8eaf6", "warm": "#fff8e1", "steady": "#e8f5e9",
                  "chaos": "#ffebee", "heal": "#f3e5f5", "recovery": "#e0f2f1", "drain": "#f1f8e9", "down": "#eceff1",
                  "report": "#eceff1"}
-LMC_HIT, LMC_REQ = "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,13 @@ def timeline(history: History) -> str | None:
         if f["heal"] is not None:
             ax.plot([f["heal"]], [2.0], marker="^", color="#1b5e20", markersize=7)
         ax.text(start, 2.42, f["fault_id"], fontsize=7, va="bottom")
+    for e in history.of_type("action"):  # what the drill did to the stack besides the faults (clear_l1, restarts)
+        took = e.data.get("took_s") if isinstance(e.data.get("took_s"), (int, float)) else 0.0
+        start = e.ts - base - took  # journaled when done: a restart is drawn over the time it took
+        ax.plot([start, e.ts - base], [1.55, 1.55], color="#546e7a", linewidth=2)
+        ax.plot([start], [1.55], marker="d", color="#546e7a", markersize=5)
+        ax.annotate(str(e.data.get("action")), (start, 1.55), textcoords="offset points", xytext=(3, -9),
+                    fontsize=6, color="#546e7a")
     # one collection per row and outcome: a 100,000-request run is then a handful of draw calls
     bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for e in view.responses:
@@ -127,7 +133,8 @@ def timeline(history: History) -> str | None:
     ax.set_ylim(-0.6, 3.6)
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("seconds since the run started")
-    ax.set_title("Timeline: phases, faults (▼ inject, ★ proof, ▲ heal) and requests by verdict", fontsize=10)
+    ax.set_title("Timeline: phases, faults (▼ inject, ★ proof, ▲ heal; ◆ drill actions) and requests by verdict",
+                 fontsize=10)
     handles = [Patch(color=c, label=k) for k, c in OUTCOME_COLOURS.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8, frameon=False)
     return _png(fig)
@@ -143,14 +150,12 @@ def hit_windows(view: RunView) -> list[dict[str, Any]]:
         responses = sorted(view.phase_responses(phase), key=lambda e: e.ts)
         stamps = [e.ts for e in responses]
         for a, b in zip(points, points[1:]):
-            la, lb = a.data.get("lmcache") or {}, b.data.get("lmcache") or {}
-            req = total(lb, LMC_REQ) - total(la, LMC_REQ)
-            hit = total(lb, LMC_HIT) - total(la, LMC_HIT)
+            rate = window(a.data, b.data)["hit_rate_tokens"]  # the hit_rate check's own source and arithmetic
             answers = responses[bisect_left(stamps, a.ts):bisect_right(stamps, b.ts)]
             right = sum(1 for e in answers if outcome(view, e) == "correct")
             judged = sum(1 for e in answers if outcome(view, e) in ("correct", "wrong", "failed"))
             out.append({"phase": phase, "start": a.ts - base, "end": b.ts - base,
-                        "hit_rate": hit / req if req > 0 else None, "correct": right, "judged": judged,
+                        "hit_rate": rate, "correct": right, "judged": judged,
                         "correct_rate": right / judged if judged else None})
     return out
 

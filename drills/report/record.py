@@ -74,9 +74,9 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
         "chunk_size": versions.get("chunk_size"),
         "effective_chunk_size": _effective_chunk(view, gaps),
         "requests": _requests(view),
-        "input_tokens": _distribution([e.data.get("prompt_tokens") for e in history.of_type("request")
-                                       if e.data.get("prompt_tokens") is not None]),
-        "output_tokens": _distribution([len(e.data.get("token_ids") or []) for e in view.responses if e.data.get("ok")]),
+        "input_tokens": _distribution([e.data.get("prompt_tokens") for e in history.of_type("request")]),
+        "output_tokens": _distribution([len(e.data["token_ids"]) for e in view.responses
+                                        if e.data.get("ok") and isinstance(e.data.get("token_ids"), list)]),
         "concurrency": (model.get("workload") or {}).get("concurrency"),
         "cache": _cache(view, gaps),
         "latency": _latency(view, gaps),
@@ -175,7 +175,8 @@ def _requests(view: RunView) -> dict[str, Any]:
     return {"total": sum(per.values()), "by_phase_target": dict(per)}
 
 
-def _distribution(values: list[int]) -> dict[str, Any] | None:
+def _distribution(raw: list[Any]) -> dict[str, Any] | None:
+    values = [v for v in raw if isinstance(v, int) and not isinstance(v, bool)]  # a damaged line is left out
     if not values:
         return None
     p = percentiles([float(v) for v in values])

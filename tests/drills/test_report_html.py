@@ -226,3 +226,31 @@ def test_a_drill_that_ended_in_preflight_still_gets_a_record_and_a_page(tmp_path
     page = parse(render_html(doc, history, rec))
     assert "ERROR: stack would not start" in " ".join(page.text)
     assert not [a for t, a in page.tags if t == "img"]  # nothing to draw, and no broken picture either
+
+
+def test_a_record_or_page_that_cannot_be_built_costs_the_run_nothing_else(tmp_path, monkeypatch):
+    """The record and the page read journal shapes beyond the checkers' contract: when they fail, the
+    verdict, JUnit and report.md are still written, and report.md says what went wrong."""
+    import drills.report as report
+    import drills.report.html as html
+
+    doc, history = stored(FLAGSHIP)
+
+    def broken(*args, **kwargs):
+        raise KeyError("shape")
+
+    monkeypatch.setattr(html, "render_html", broken)
+    report.write_documents(tmp_path, doc, history)
+    md = (tmp_path / "report.md").read_text()
+    assert "## Report problems" in md and "report.html: KeyError: 'shape'" in md and "## Run record" in md
+    assert not (tmp_path / "report.html").exists() and (tmp_path / "junit.xml").exists()
+    assert json.loads((tmp_path / "record.json").read_text())["run_id"] == doc["run_id"]
+
+    monkeypatch.setattr(report, "run_record", broken)
+    (tmp_path / "x").mkdir()
+    report.write_documents(tmp_path / "x", doc, history)
+    md = (tmp_path / "x" / "report.md").read_text()
+    assert "record.json: KeyError: 'shape'" in md and "## Run record" not in md
+    assert json.loads((tmp_path / "x" / "record.json").read_text()) == {"run_id": doc["run_id"],
+                                                                        "error": "record.json: KeyError: 'shape'"}
+    assert md.splitlines()[0] == f"# {headline(doc)}"
