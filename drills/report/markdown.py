@@ -117,7 +117,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
         out += _record_section(record)
     out += ["", "## Evidence on disk", "", "- `journal.jsonl` — every request, response, fault, proof and metric "
             "snapshot (`journal.jsonl#N` is line N)", "- `logs/` — per-service logs (LMCache server, engine, baseline)",
-            "- `versions.json` — what ran", "- `record.json` — the run record below, for `kvdrill compare`",
+            "- `versions.json` — what ran", "- `record.json` — the run record above, for `kvdrill compare`",
             "- `report.html` — this report with its plots, one self-contained file",
             "- `verdict.json`, `junit.xml`", ""]
     if doc["journal_problems"]:

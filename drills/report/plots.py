@@ -152,8 +152,9 @@ def hit_windows(view: RunView) -> list[dict[str, Any]]:
         for a, b in zip(points, points[1:]):
             rate = window(a.data, b.data)["hit_rate_tokens"]  # the hit_rate check's own source and arithmetic
             answers = responses[bisect_left(stamps, a.ts):bisect_right(stamps, b.ts)]
-            right = sum(1 for e in answers if outcome(view, e) == "correct")
-            judged = sum(1 for e in answers if outcome(view, e) in ("correct", "wrong", "failed"))
+            kinds = [outcome(view, e) for e in answers]
+            right = kinds.count("correct")
+            judged = right + kinds.count("wrong") + kinds.count("failed")  # unavailable: a fault held it down
             out.append({"phase": phase, "start": a.ts - base, "end": b.ts - base,
                         "hit_rate": rate, "correct": right, "judged": judged,
                         "correct_rate": right / judged if judged else None})
