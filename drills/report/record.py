@@ -89,6 +89,10 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
                     if name in checks else None for name in ("correctness", "degenerate")},
         "logs": _logs(history),
     }
+    for name, value in (rec["versions"] or {}).items():
+        if value is None:
+            gaps.absent(f"versions.{name}", "the engine's /version was not read (no versions.reported event)"
+                        if name == "vllm_reported" else "not importable in the stack venv when the run started")
     if rec["concurrency"] is None:
         gaps.absent("concurrency", "run.started carries no scenario model with a workload")
     if started is None:
