@@ -19,8 +19,7 @@ from drills import checkers
 from drills.checkers.base import CheckResult
 from drills.decide import EXIT, Decision, decide, overall
 from drills.journal import JOURNAL_NAME, Event, History, gc_paused, read_history
-from drills.report.junit import junit_xml
-from drills.report.markdown import markdown
+from drills.report import write_documents
 from drills.report.verdict import verdict_document, verdict_text
 from drills.scenario import ChecksSpec, LoadedScenario, Scenario, ScenarioError, load_scenario
 
@@ -221,8 +220,7 @@ def _write(a: Analysis, doc: dict[str, Any], text: str, history: History) -> Non
     a.out_dir.mkdir(parents=True)
     a.written = True
     (a.out_dir / "verdict.json").write_text(text)
-    (a.out_dir / "report.md").write_text(markdown(doc, history))
-    (a.out_dir / "junit.xml").write_text(junit_xml(doc))
+    write_documents(a.out_dir, doc, history, base="../../")  # report.html's links lead back to the run's files
     (a.out_dir / "analysis.json").write_text(json.dumps(summary(a), indent=2) + "\n")
     if a.diff:
         (a.out_dir / "verdict.diff").write_text("\n".join(a.diff) + "\n")

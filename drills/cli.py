@@ -199,6 +199,27 @@ def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<
 
 
 @app.command()
+def compare(run_a: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
+            run_b: Path = typer.Argument(..., help="the run directory to set beside it"),
+            as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON"),
+            only_differences: bool = typer.Option(False, "--differences", help="show only the fields that differ")) -> None:
+    """Two run records (record.json) side by side, differences marked. Exit 0 when they could be read
+    (whatever they say), 2 when a run has no record and no journal to build one from."""
+    from drills.report import compare as cmp
+
+    try:
+        a, b = cmp.load(run_a), cmp.load(run_b)
+    except cmp.CompareError as exc:
+        err.print(f"[red]cannot compare:[/] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from exc
+    rows = cmp.compare(a.record, b.record)
+    if as_json:
+        typer.echo(cmp.as_json(a, b, rows))
+    else:
+        cmp.render(a, b, rows, out, only_differences)
+
+
+@app.command()
 def replay(run_dir: Path = typer.Argument(..., help="a stored run directory (reports/<run-id>)"),
            reports_dir: Path | None = typer.Option(None, "--reports-dir", help="where the replay's run directory "
                                                                               "goes (default: beside RUN)")) -> None:

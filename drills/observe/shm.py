@@ -21,9 +21,13 @@ _PID_NAMED = re.compile(r"^(?:lmcache_kv|__KMP_REGISTERED_LIB)_(\d+)_\d+$")
 class ShmSnapshot:
     segments: dict[str, int]  # name -> bytes, lmcache_kv_* only
     shmem_bytes: int  # /proc/meminfo Shmem
+    # the host's memory at the same moment: record.json's host peak is the highest MemTotal - MemAvailable
+    mem_total_bytes: int = 0
+    mem_available_bytes: int = 0
 
     def as_dict(self) -> dict[str, object]:
-        return {"segments": self.segments, "shmem_bytes": self.shmem_bytes}
+        return {"segments": self.segments, "shmem_bytes": self.shmem_bytes, "mem_total_bytes": self.mem_total_bytes,
+                "mem_available_bytes": self.mem_available_bytes}
 
 
 def snapshot() -> ShmSnapshot:
@@ -33,7 +37,20 @@ def snapshot() -> ShmSnapshot:
             segments[entry.name] = entry.stat().st_size
         except FileNotFoundError:
             continue
-    return ShmSnapshot(segments=dict(sorted(segments.items())), shmem_bytes=meminfo("Shmem"))
+    info = meminfo_all()
+    return ShmSnapshot(segments=dict(sorted(segments.items())), shmem_bytes=info.get("Shmem", 0),
+                       mem_total_bytes=info.get("MemTotal", 0), mem_available_bytes=info.get("MemAvailable", 0))
+
+
+def meminfo_all() -> dict[str, int]:
+    """Every ``/proc/meminfo`` field in bytes, from one read (the fields then belong to one moment)."""
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[name] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
 
 
 def meminfo(field: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from drills.journal import History
+from drills.report.record import cell_text, flatten, why_missing
 from drills.report.stopped import markdown_section as stopped_section
 
 
@@ -38,7 +39,9 @@ def _clip(text: str, width: int = 140) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def markdown(doc: dict[str, Any], history: History) -> str:
+def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | None = None,
+             problems: list[str] | None = None) -> str:
+    """``record``: the run record to show (None: none could be built, ``problems`` says why)."""
     out = [f"# {headline(doc)}", "", f"- run: `{doc['run_id']}`", f"- scenario: `{doc['scenario']}`",
            f"- reason: {doc['reason']}"]
     exp = doc.get("expectation")
@@ -110,12 +113,37 @@ def markdown(doc: dict[str, Any], history: History) -> str:
     out += ["", "## Timeline", "", "| phase | took | note |", "|---|---|---|"]
     for e in history.of_type("phase.finished"):
         out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")
+    if record is not None:
+        out += _record_section(record)
     out += ["", "## Evidence on disk", "", "- `journal.jsonl` — every request, response, fault, proof and metric "
             "snapshot (`journal.jsonl#N` is line N)", "- `logs/` — per-service logs (LMCache server, engine, baseline)",
-            "- `versions.json` — what ran", "- `verdict.json`, `junit.xml`", ""]
+            "- `versions.json` — what ran", "- `record.json` — the run record above, for `kvdrill compare`",
+            "- `report.html` — this report with its plots, one self-contained file",
+            "- `verdict.json`, `junit.xml`", ""]
     if doc["journal_problems"]:
         out += ["## Journal problems", ""] + [f"- {p}" for p in doc["journal_problems"]] + [""]
+    if problems:
+        out += ["## Report problems", ""] + [f"- {p}" for p in problems] + [""]
     return "\n".join(out)
+
+
+def _record_section(record: dict[str, Any]) -> list[str]:
+    """The run record as a table (record.json holds the same fields); null fields say why."""
+    out = ["", "## Run record", "", "The fields `kvdrill compare RUN RUN` sets side by side (`record.json`).", "",
+           "| field | value |", "|---|---|"]
+    for key, value in flatten(record):
+        why = why_missing(record, key) if value is None else None
+        out.append(f"| `{key}` | {_cell(f'null ({why})' if why else value)} |")
+    if record["missing"]:
+        out += ["", "Not in this run's journal: " + "; ".join(f"`{k}`: {why}" for k, why in record["missing"].items())]
+    if record["derived"]:
+        out += ["", "Computed, not measured: " + "; ".join(f"`{k}`: {how}" for k, how in record["derived"].items())]
+    return out
+
+
+def _cell(value: Any) -> str:
+    """A table cell: pipes escaped and newlines flattened, so the row stays one row."""
+    return cell_text(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _fallback_section(history: History) -> list[str]:

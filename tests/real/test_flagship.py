@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from drills.observe.logs import ANSI
+from tests.drills.chromium import check_report
 
 from .conftest import ARTIFACTS, REPO, assert_nothing_left, run_kvdrill, started_pids
 
@@ -79,6 +80,24 @@ def test_flagship_evidence_points_at_real_records(flagship):
     assert proofs and all(p["data"]["effective"] for p in proofs)
     heals = [json.loads(x) for x in lines if '"fault.healed"' in x]
     assert heals and heals[0]["data"]["undone"]
+
+
+def test_flagship_html_report_and_record_agree_with_the_verdict(flagship):
+    """No extra drill: the run just made has its record.json and a report.html Chromium renders."""
+    _, run_dir, doc = flagship
+    rec = json.loads((run_dir / "record.json").read_text())
+    assert (rec["run_id"], rec["verdict"], rec["exit_code"]) == (doc["run_id"], doc["verdict"], doc["exit_code"])
+    assert rec["expectation_held"] == doc["expectation"]["held"]
+    assert rec["cache"]["per_phase"]["chaos"]["hit_rate_tokens"] == doc["metrics"]["hit_rate_tokens"]
+    correctness = next(c for c in doc["checks"] if c["name"] == "correctness")
+    assert rec["errors"]["wrong_responses"] == correctness["details"]["wrong"]
+    assert rec["cache"]["per_phase"]["chaos"]["lmcache_l2_hit_tokens"] > 0  # the hits came from the L2 file tier
+    assert rec["host_peak_memory_bytes"] > 0 and "host_peak_memory_bytes" not in rec["missing"]
+    assert rec["effective_chunk_size"] == rec["chunk_size"]
+    for path in rec["logs"].values():
+        assert (run_dir / path).exists(), path
+    seen = check_report(run_dir / "report.html", ARTIFACTS / "flagship" / f"{run_dir.name}-report.png")
+    assert seen["headline"]["text"] == (run_dir / "report.md").read_text().splitlines()[0].removeprefix("# ")
 
 
 def test_flagship_leaves_nothing_running(flagship):

@@ -1,0 +1,253 @@
+"""The report's pictures, drawn by matplotlib (Agg: no display, no GUI toolkit) from the journal alone.
+
+Each function returns a base64 PNG (so report.html stays one self-contained file) or None when the
+journal has nothing to draw. Times are seconds since ``run.started``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: a report is written on servers and in CI, never on a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from drills.checkers.base import RunView  # noqa: E402
+from drills.checkers.hit_rate import window  # noqa: E402
+from drills.journal import Event, History  # noqa: E402
+from drills.report.record import LATENCY_PHASES  # noqa: E402
+
+# one colour per request outcome, the same in the legend, the timeline and the HTML tables
+OUTCOME_COLOURS = {"correct": "#2e7d32", "wrong": "#c62828", "failed": "#ef6c00", "unavailable": "#9e9e9e",
+                   "baseline": "#1565c0"}
+PHASE_COLOURS = {"preflight": "#eceff1", "up": "#e3f2fd", "oracle": "#e8eaf6", "warm": "#fff8e1", "steady": "#e8f5e9",
+                 "chaos": "#ffebee", "heal": "#f3e5f5", "recovery": "#e0f2f1", "drain": "#f1f8e9", "down": "#eceff1",
+                 "report": "#eceff1"}
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    start: float
+    end: float
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def t0(history: History) -> float:
+    started = history.first("run.started")
+    return started.ts if started else (history.events[0].ts if history.events else 0.0)
+
+
+def phase_spans(history: History) -> list[Span]:
+    base, spans, open_at = t0(history), [], {}
+    for e in history.of_type("phase.started", "phase.finished"):
+        if e.type == "phase.started":
+            open_at[e.phase] = e.ts
+        elif e.phase in open_at:
+            spans.append(Span(e.phase, open_at.pop(e.phase) - base, e.ts - base))
+    return spans
+
+
+def outcome(view: RunView, e: Event) -> str:
+    """How a response reads on the timeline: the baseline's are the oracle; an engine request the fault
+    held down on purpose is 'unavailable', not failed."""
+    if e.data.get("target") == "baseline":
+        return "baseline"
+    if not e.data.get("ok"):
+        return "unavailable" if view.expected_down(e) is not None else "failed"
+    return "correct" if view.correct(e) else "wrong"
+
+
+def fault_spans(history: History) -> list[dict[str, Any]]:
+    """Per fault: when it fired (inject), when its proof was journaled, when it was healed."""
+    base = t0(history)
+    out: dict[str, dict[str, Any]] = {}
+    for e in history.of_type("fault.fired", "fault.injected", "fault.verified", "fault.healed"):
+        fid = e.data.get("fault_id")
+        f = out.setdefault(fid, {"fault_id": fid, "inject": None, "proof": None, "heal": None, "effective": None})
+        if e.type in ("fault.fired", "fault.injected") and f["inject"] is None:
+            f["inject"] = e.ts - base
+        elif e.type == "fault.verified":
+            f["proof"], f["effective"] = e.ts - base, e.data.get("effective")
+        elif e.type == "fault.healed":
+            f["heal"] = e.ts - base
+    return list(out.values())
+
+
+def timeline(history: History) -> str | None:
+    view, base = RunView(history), t0(history)
+    spans = phase_spans(history)
+    if not spans:
+        return None
+    end = max(s.end for s in spans)
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    rows = {"phases": 3, "faults": 2, "engine": 1, "baseline": 0}
+    for s in spans:
+        ax.broken_barh([(s.start, max(s.end - s.start, end / 400))], (2.6, 0.8), facecolors=PHASE_COLOURS.get(s.name, "#eee"),
+                       edgecolors="#607d8b", linewidth=0.5)
+        ax.axvspan(s.start, s.end, color=PHASE_COLOURS.get(s.name, "#eee"), alpha=0.35, zorder=0)
+        if s.end - s.start > end / 40:
+            ax.text((s.start + s.end) / 2, 3.0, s.name, ha="center", va="center", fontsize=8)
+    for f in fault_spans(history):
+        start = f["inject"] if f["inject"] is not None else f["proof"]
+        if start is None:
+            continue
+        stop = f["heal"] if f["heal"] is not None else end
+        ax.broken_barh([(start, max(stop - start, end / 400))], (1.65, 0.7), facecolors="#ffcdd2", edgecolors="#b71c1c")
+        ax.plot([start], [2.0], marker="v", color="#b71c1c", markersize=7)
+        if f["proof"] is not None:
+            ax.plot([f["proof"]], [2.0], marker="*", color="#000000" if f["effective"] else "#ff9800", markersize=9)
+        if f["heal"] is not None:
+            ax.plot([f["heal"]], [2.0], marker="^", color="#1b5e20", markersize=7)
+        ax.text(start, 2.42, f["fault_id"], fontsize=7, va="bottom")
+    for e in history.of_type("action"):  # what the drill did to the stack besides the faults (clear_l1, restarts)
+        took = e.data.get("took_s") if isinstance(e.data.get("took_s"), (int, float)) else 0.0
+        start = e.ts - base - took  # journaled when done: a restart is drawn over the time it took
+        ax.plot([start, e.ts - base], [1.55, 1.55], color="#546e7a", linewidth=2)
+        ax.plot([start], [1.55], marker="d", color="#546e7a", markersize=5)
+        ax.annotate(str(e.data.get("action")), (start, 1.55), textcoords="offset points", xytext=(3, -9),
+                    fontsize=6, color="#546e7a")
+    # one collection per row and outcome: a 100,000-request run is then a handful of draw calls
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for e in view.responses:
+        row = rows["baseline" if e.data.get("target") == "baseline" else "engine"]
+        took = float(e.data.get("latency_s") or 0.0)
+        bars.setdefault((row, outcome(view, e)), []).append((e.ts - base - took, max(took, end / 500)))
+    for (row, kind), xs in bars.items():
+        ax.broken_barh(xs, (row - 0.3, 0.6), facecolors=OUTCOME_COLOURS[kind], edgecolors="white", linewidth=0.3)
+    ax.set_yticks(list(rows.values()), [f"{k}" for k in rows])
+    ax.set_ylim(-0.6, 3.6)
+    ax.set_xlim(0, end * 1.01)
+    ax.set_xlabel("seconds since the run started")
+    ax.set_title("Timeline: phases, faults (▼ inject, ★ proof, ▲ heal; ◆ drill actions) and requests by verdict",
+                 fontsize=10)
+    handles = [Patch(color=c, label=k) for k, c in OUTCOME_COLOURS.items()]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8, frameon=False)
+    return _png(fig)
+
+
+def hit_windows(view: RunView) -> list[dict[str, Any]]:
+    """Per pair of consecutive metrics snapshots in a phase: LMCache's token hit rate over that window
+    and the share of the engine's answers finished inside it that were correct."""
+    base = t0(view.history)
+    out = []
+    for phase in ("warm", "steady", "chaos", "recovery"):
+        points = view.metric_points(phase)
+        responses = sorted(view.phase_responses(phase), key=lambda e: e.ts)
+        stamps = [e.ts for e in responses]
+        for a, b in zip(points, points[1:]):
+            rate = window(a.data, b.data)["hit_rate_tokens"]  # the hit_rate check's own source and arithmetic
+            answers = responses[bisect_left(stamps, a.ts):bisect_right(stamps, b.ts)]
+            kinds = [outcome(view, e) for e in answers]
+            right = kinds.count("correct")
+            judged = right + kinds.count("wrong") + kinds.count("failed")  # unavailable: a fault held it down
+            out.append({"phase": phase, "start": a.ts - base, "end": b.ts - base,
+                        "hit_rate": rate, "correct": right, "judged": judged,
+                        "correct_rate": right / judged if judged else None})
+    return out
+
+
+def hit_rate_vs_correctness(history: History) -> str | None:
+    view = RunView(history)
+    windows = [w for w in hit_windows(view) if w["hit_rate"] is not None or w["correct_rate"] is not None]
+    if not windows:
+        return None
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for s in phase_spans(history):
+        if s.name in ("warm", "steady", "chaos", "heal", "recovery"):
+            ax.axvspan(s.start, s.end, color=PHASE_COLOURS.get(s.name, "#eee"), alpha=0.6, zorder=0)
+            ax.text((s.start + s.end) / 2, 112, s.name, ha="center", fontsize=8)
+    for i, w in enumerate(windows):
+        width = max(w["end"] - w["start"], 0.5)
+        if w["hit_rate"] is not None:
+            ax.bar(w["start"], 100 * w["hit_rate"], width=width, align="edge", color="#90caf9", edgecolor="#1565c0",
+                   label="LMCache token hit rate" if i == 0 else None, zorder=2)
+            ax.text(w["start"] + width / 2, 100 * w["hit_rate"] / 2, f"{w['hit_rate']:.0%}", ha="center", fontsize=8,
+                    color="#0d47a1", zorder=4)
+    xs = [(w["start"] + w["end"]) / 2 for w in windows if w["correct_rate"] is not None]
+    ys = [100 * w["correct_rate"] for w in windows if w["correct_rate"] is not None]
+    ax.plot(xs, ys, color="#c62828", marker="o", linestyle="none", markersize=8,
+            label="answers correct (token-identical to the no-cache baseline)", zorder=3)
+    for w in windows:
+        if w["correct_rate"] is not None:
+            ax.annotate(f"{w['correct']}/{w['judged']}", ((w["start"] + w["end"]) / 2, 100 * w["correct_rate"]),
+                        textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8, color="#c62828")
+    ax.set_ylim(0, 120)
+    ax.set_yticks([0, 25, 50, 75, 100])
+    ax.set_ylabel("%")
+    ax.set_xlabel("seconds since the run started")
+    ax.set_title("Hit rate next to correctness: the cache can hit and still be wrong", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False)
+    return _png(fig)
+
+
+def latency(record: dict[str, Any]) -> str | None:
+    lat = record.get("latency") or {}
+    names = [n for n in ("baseline", *LATENCY_PHASES) if n in lat and lat[n]["ttft_s"]["p50"] is not None]
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    for ax, key, title in ((axes[0], "ttft_s", "TTFT"), (axes[1], "itl_s", "inter-token latency")):
+        for j, (q, shade) in enumerate((("p50", "#64b5f6"), ("p95", "#1e88e5"), ("p99", "#0d47a1"))):
+            vals = [1000 * (lat[n][key][q] or 0) for n in names]
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(names))], vals, width=0.27, color=shade, label=q)
+        base = lat.get("baseline", {}).get(key, {}).get("p50")
+        if base is not None:
+            ax.axhline(1000 * base, color="#c62828", linestyle="--", linewidth=1, label="recompute p50")
+        ax.set_xticks(range(len(names)), [("recompute\n(baseline)" if n == "baseline" else n) for n in names], fontsize=8)
+        ax.set_ylabel("ms")
+        ax.set_title(f"{title} per phase", fontsize=10)
+        ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def leak_series(history: History) -> str | None:
+    base = t0(history)
+    samples = list(history.of_type("observe.status"))
+    shm = [e for e in history.of_type("observe.shm") if isinstance(e.data.get("shmem_bytes"), (int, float))]
+    names: list[str] = []
+    for e in samples:
+        for k, v in (e.data.get("lmcache") or {}).items():
+            if k not in names and isinstance(v, (int, float)) and not isinstance(v, bool):
+                names.append(k)
+    moving = [n for n in names if len({(e.data.get("lmcache") or {}).get(n) for e in samples}) > 1]
+    if not moving and not shm:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    ax = axes[0]
+    for n in moving:
+        pts = [(e.ts - base, (e.data.get("lmcache") or {}).get(n)) for e in samples
+               if isinstance((e.data.get("lmcache") or {}).get(n), (int, float))]
+        ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", label=n)
+    ax.set_title("LMCache /status counts that moved" if moving else "LMCache /status: no count moved", fontsize=10)
+    ax.set_xlabel("seconds since the run started")
+    if moving:
+        ax.legend(fontsize=7)
+    ax = axes[1]
+    if shm:
+        xs = [e.ts - base for e in shm]
+        ax.plot(xs, [e.data["shmem_bytes"] / 2**20 for e in shm], marker="o", color="#6a1b9a", label="host Shmem (MiB)")
+        ax.set_ylabel("MiB")
+        twin = ax.twinx()
+        twin.step(xs, [len(e.data.get("segments") or {}) for e in shm], where="post", color="#ef6c00",
+                  label="lmcache_kv segments")
+        twin.set_ylabel("segments")
+        ax.legend(loc="upper left", fontsize=7)
+        twin.legend(loc="lower right", fontsize=7)
+    ax.set_title("Host shared memory at phase ends", fontsize=10)
+    ax.set_xlabel("seconds since the run started")
+    return _png(fig)
