@@ -310,7 +310,7 @@ class _Sender:
             timing = {"scheduled_s": round(due.offset, 4), "send_delay_s": round(time.perf_counter() - due.at, 4)}
         journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                        prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens,
-                       deadline_s=spec.request_timeout, **timing, **tag)
+                       deadline_s=spec.request_timeout, durable=False, **timing, **tag)
         if self.on_request is not None:
             await self.on_request()
         start = time.perf_counter() if due is None else due.at
@@ -341,5 +341,5 @@ class _Sender:
                        ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
                        latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
                        ttft_s=None if resp.ttft_s is None else round(resp.ttft_s, 4), itl_s=resp.itl_s,
-                       **extra, **tag)
+                       durable=False, **extra, **tag)
         return resp

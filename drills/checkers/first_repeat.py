@@ -46,9 +46,10 @@ def _lmcache(view: RunView, phase: str) -> dict[str, Any]:
 def _vllm(view: RunView, phase: str) -> dict[str, Any]:
     prompt_tokens = {e.data.get("request_id"): e.data.get("prompt_tokens") for e in view.history.of_type("request")
                      if e.phase == phase}
-    answers = [e for e in view.phase_responses(phase) if e.data.get("ok")]
+    sent = view.phase_responses(phase)
+    answers = [e for e in sent if e.data.get("ok")]
     first_wave: dict[Any, int] = {}
-    for e in answers:
+    for e in sent:  # a first send that failed is still the first send: its answered repeat is a repeat
         pid, wave = e.data.get("prompt_id"), e.data.get("wave")
         if isinstance(wave, int):
             first_wave[pid] = min(wave, first_wave.get(pid, wave))
