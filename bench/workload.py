@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from drills.journal import Journal, read_history  # noqa: E402
 from drills.scenario import WorkloadSpec  # noqa: E402
+from drills.sse_http import SsePool  # noqa: E402
 from drills.workload import EngineClient, Prompt, PromptSet, send_wave  # noqa: E402
 
 PROMPTS, PROMPT_TOKENS = 64, 1152
@@ -54,7 +55,8 @@ async def _run(url: str, spec: WorkloadSpec, seconds: float, run_dir: Path) -> d
     journal.phase = "chaos"
     prompts = _prompts()
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)) as http:
-        client = EngineClient(url, "stub", http)
+        sse = SsePool(url)
+        client = EngineClient(url, "stub", http, sse=sse)
         await send_wave(client, prompts, spec, journal, target="engine", wave=0)  # connections opened
         start = time.perf_counter()
         sent, wave, failed = 0, 1, 0
@@ -64,6 +66,7 @@ async def _run(url: str, spec: WorkloadSpec, seconds: float, run_dir: Path) -> d
             failed += sum(not a.ok for a in answers)
             wave += 1
         took = time.perf_counter() - start
+        await sse.aclose()
     journal.close()
     history = read_history(journal.path)
     delays = [e.data["send_delay_s"] for e in history.of_type("request") if e.data.get("wave", 0) > 0

@@ -38,6 +38,7 @@ from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
 from drills.scenario import Action, LoadedScenario, StackSpec
+from drills.sse_http import SsePool
 from drills.stack.base import ProcessStack
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
 from drills.stack.pool import StackPool
@@ -199,8 +200,8 @@ class Runner:
                 await self.stack.up()
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
 
-        engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http)
-        baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http)
+        engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
+        baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http, sse=SsePool(self.stack.url("baseline")))
         self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
             self.fresh = await build_prompts(baseline, sc.workload, sc.seed, fresh=True)

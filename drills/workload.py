@@ -16,7 +16,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ import httpx
 from drills import seeds
 from drills.journal import Journal
 from drills.scenario import PoissonArrival, WorkloadSpec, share_count
+from drills.sse_http import SsePool
 
 _WORDS = (
     "king queen castle river forest dragon knight village stone heart ship sea storm lantern garden "
@@ -118,12 +119,16 @@ def _story(rng: random.Random, n_words: int) -> str:
 
 
 class EngineClient:
-    """OpenAI-compatible completions against one vLLM endpoint."""
+    """OpenAI-compatible completions against one vLLM endpoint.
 
-    def __init__(self, base_url: str, model: str, http: httpx.AsyncClient) -> None:
+    ``sse``: send completions through the lean keep-alive client (drills/sse_http.py) instead of httpx,
+    which cannot keep up with the workload generator; tokenize and everything else go through ``http``."""
+
+    def __init__(self, base_url: str, model: str, http: httpx.AsyncClient, sse: SsePool | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.http = http
+        self.sse = sse
 
     async def tokenize(self, text: str) -> list[int]:
         r = await self.http.post(f"{self.base_url}/tokenize",
@@ -135,36 +140,46 @@ class EngineClient:
         """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request."""
         body = {"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
                 "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
-        out: list[int] = []
-        text: list[str] = []
-        arrivals: list[tuple[float, int]] = []
-        finish, usage = None, {}
         async with asyncio.timeout(timeout):
             start = time.perf_counter()
+            if self.sse is not None:
+                async with self.sse.post_lines("/v1/completions", json.dumps(body).encode()) as reply:
+                    if reply.status >= 400:
+                        reply.raise_for_status(await reply.read())
+                    return await _read_stream(reply.lines(), start)
             async with self.http.stream("POST", f"{self.base_url}/v1/completions", json=body, timeout=timeout) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     r.raise_for_status()
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[len("data: "):])
-                    if "error" in chunk:
-                        raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        ids = list(choice.get("token_ids") or [])
-                        if ids:
-                            arrivals.append((time.perf_counter(), len(ids)))
-                            out += ids
-                        text.append(choice.get("text") or "")
-                        finish = choice.get("finish_reason") or finish
-        ttft = arrivals[0][0] - start if arrivals else None
-        # a chunk carrying n tokens spreads its gap over them (vLLM sends one token per chunk here)
-        itl = [round((t - prev) / n, 5) for (prev, _), (t, n) in zip(arrivals, arrivals[1:])]
-        details = usage.get("prompt_tokens_details") or {}
-        return Completion(token_ids=out, text="".join(text), finish_reason=finish, cached_tokens=details.get("cached_tokens"),
-                          ttft_s=ttft, itl_s=itl)
+                return await _read_stream(r.aiter_lines(), start)
+
+
+async def _read_stream(lines: AsyncIterator[str], start: float) -> Completion:
+    """A completion from its SSE lines: token ids, text, finish reason, usage, and when tokens came."""
+    out: list[int] = []
+    text: list[str] = []
+    arrivals: list[tuple[float, int]] = []
+    finish, usage = None, {}
+    async for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: "):])
+        if "error" in chunk:
+            raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            ids = list(choice.get("token_ids") or [])
+            if ids:
+                arrivals.append((time.perf_counter(), len(ids)))
+                out += ids
+            text.append(choice.get("text") or "")
+            finish = choice.get("finish_reason") or finish
+    ttft = arrivals[0][0] - start if arrivals else None
+    # a chunk carrying n tokens spreads its gap over them (vLLM sends one token per chunk here)
+    itl = [round((t - prev) / n, 5) for (prev, _), (t, n) in zip(arrivals, arrivals[1:])]
+    details = usage.get("prompt_tokens_details") or {}
+    return Completion(token_ids=out, text="".join(text), finish_reason=finish, cached_tokens=details.get("cached_tokens"),
+                      ttft_s=ttft, itl_s=itl)
 
 
 async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, fresh: bool = False) -> PromptSet:
