@@ -7,7 +7,7 @@ ids). Closed loop: waves of 64 prompts, ``concurrency`` at a time. Open loop: Po
 ``--rate``, ``max_outstanding`` in flight; it reports the achieved rate and how late requests left
 (send delay p50/p99) — a generator that cannot keep up shows as send delay and cap waits.
 
-Usage: python bench/workload.py [--seconds 5] [--rate 3000] [--concurrency 32] [--gen-cpu 0] [--stub-cpu 1]
+Usage: python bench/workload.py [--seconds 5] [--rate 3000] [--concurrency 32] [--gen-cpu 0] [--stub-cpu 1] [--httpx]
 Prints a table and appends one JSON line to bench/results/workload.jsonl.
 """
 
@@ -36,6 +36,7 @@ from drills.sse_http import SsePool  # noqa: E402
 from drills.workload import EngineClient, Prompt, PromptSet, send_wave  # noqa: E402
 
 PROMPTS, PROMPT_TOKENS = 64, 1152
+STUB_TOKENS = [100, 101, 102, 103]  # what bench/sse_stub.py streams
 
 
 def _prompts() -> PromptSet:
@@ -50,20 +51,20 @@ def _percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _run(url: str, spec: WorkloadSpec, seconds: float, run_dir: Path) -> dict:
+async def _run(url: str, spec: WorkloadSpec, seconds: float, run_dir: Path, use_httpx: bool) -> dict:
     journal = Journal(run_dir)
     journal.phase = "chaos"
     prompts = _prompts()
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)) as http:
         sse = SsePool(url)
-        client = EngineClient(url, "stub", http, sse=sse)
+        client = EngineClient(url, "stub", http, sse=None if use_httpx else sse)
         await send_wave(client, prompts, spec, journal, target="engine", wave=0)  # connections opened
         start = time.perf_counter()
         sent, wave, failed = 0, 1, 0
         while time.perf_counter() - start < seconds:
             answers = await send_wave(client, prompts, spec, journal, target="engine", wave=wave)
             sent += len(answers)
-            failed += sum(not a.ok for a in answers)
+            failed += sum(not a.ok or a.token_ids != STUB_TOKENS for a in answers)  # every answer parsed
             wave += 1
         took = time.perf_counter() - start
         await sse.aclose()
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--gen-cpu", type=int, default=0)
     ap.add_argument("--stub-cpu", type=int, default=1)
+    ap.add_argument("--httpx", action="store_true", help="completions through httpx (kvdrill's client before "
+                                                         "drills/sse_http.py), for comparison")
     args = ap.parse_args()
     os.sched_setaffinity(0, {args.gen_cpu})
     with tempfile.TemporaryDirectory(prefix="kvdrill-bench-workload-") as tmp:
@@ -101,8 +104,8 @@ def main() -> None:
                                   concurrency=args.concurrency)
             opened = WorkloadSpec.model_validate({**closed.model_dump(), "arrival": {
                 "mode": "poisson", "rate": args.rate, "max_outstanding": args.max_outstanding}})
-            results = {"closed": asyncio.run(_run(url, closed, args.seconds, Path(tmp) / "closed")),
-                       "poisson": asyncio.run(_run(url, opened, args.seconds, Path(tmp) / "open"))}
+            results = {"closed": asyncio.run(_run(url, closed, args.seconds, Path(tmp) / "closed", args.httpx)),
+                       "poisson": asyncio.run(_run(url, opened, args.seconds, Path(tmp) / "open", args.httpx))}
         finally:
             os.killpg(stub.pid, 15)  # the stub's own session: only what this benchmark started
             stub.wait()
@@ -112,7 +115,7 @@ def main() -> None:
         print(f"{mode:<8} {r['req_per_s']:>7} {r['requests']:>9} {r['failed']:>6} {delay:>22} {r['cap_waits']:>9}")
     line = {"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "host": platform.node(), "cpus": os.cpu_count(),
             "concurrency": args.concurrency, "rate": args.rate, "max_outstanding": args.max_outstanding,
-            "prompt_tokens": PROMPT_TOKENS, **{f"{k}": v for k, v in results.items()}}
+            "client": "httpx" if args.httpx else "sse_http", "prompt_tokens": PROMPT_TOKENS, **{f"{k}": v for k, v in results.items()}}
     (HERE / "results").mkdir(exist_ok=True)
     with (HERE / "results" / "workload.jsonl").open("a") as fh:
         fh.write(json.dumps(line) + "\n")
