@@ -129,6 +129,21 @@ class EngineClient:
         self.model = model
         self.http = http
         self.sse = sse
+        self._encoded: dict[tuple[int, ...], str] = {}  # prompt token ids -> their JSON
+
+    def _body(self, token_ids: list[int], body: dict[str, Any]) -> bytes:
+        """The request body, with each prompt's token list encoded once: a drill resends the same prompts,
+        and encoding 1,000+ ids per request was the generator's largest cost (bench/workload.py). Keyed
+        by the ids' contents (a tuple), so a changed list can never be sent as its old JSON."""
+        key = tuple(token_ids)
+        encoded = self._encoded.get(key)
+        if encoded is None:
+            encoded = json.dumps(token_ids, separators=(",", ":"))
+            if len(self._encoded) >= 1024:
+                self._encoded.clear()
+            self._encoded[key] = encoded
+        rest = json.dumps({k: v for k, v in body.items() if k != "prompt"}, separators=(",", ":"))
+        return f'{{"prompt":{encoded},{rest[1:]}'.encode()
 
     async def tokenize(self, text: str) -> list[int]:
         r = await self.http.post(f"{self.base_url}/tokenize",
@@ -143,7 +158,7 @@ class EngineClient:
         async with asyncio.timeout(timeout):
             start = time.perf_counter()
             if self.sse is not None:
-                async with self.sse.post_lines("/v1/completions", json.dumps(body).encode()) as reply:
+                async with self.sse.post_lines("/v1/completions", self._body(token_ids, body)) as reply:
                     if reply.status >= 400:
                         reply.raise_for_status(await reply.read())
                     return await _read_stream(reply.lines(), start)

@@ -131,3 +131,15 @@ async def test_the_deadline_covers_a_silent_server_and_drops_the_connection():
         with pytest.raises(TimeoutError):
             await client.complete([1], 2, timeout=0.2)
         assert client.sse._idle == []
+
+
+async def test_a_prompt_changed_in_place_is_sent_as_it_is_now():
+    server, srv, url = await serve("length")
+    async with srv, httpx.AsyncClient() as http:
+        client = EngineClient(url, "m", http, sse=SsePool(url))
+        ids = [1, 2, 3]
+        await client.complete(ids, 2, timeout=5)
+        ids[1] = 9
+        await client.complete(ids, 2, timeout=5)
+        assert [b["prompt"] for b in server.bodies] == [[1, 2, 3], [1, 9, 3]]
+        assert server.bodies[1]["max_tokens"] == 2 and server.bodies[1]["model"] == "m"
