@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from drills import active
+from drills.gameday import inbox
+from drills.gameday.desk import DESK
 from drills.journal import Journal
 
-Source = Literal["ctrl-c", "sigterm", "sighup", "kvdrill-abort", "halt"]
+Source = Literal["ctrl-c", "sigterm", "sighup", "kvdrill-abort", "halt", "manual-timeout"]
 ABORT_SIGNAL = signal.SIGUSR1
 T = TypeVar("T")
 
@@ -163,6 +165,8 @@ def install(loop: asyncio.AbstractEventLoop, main: asyncio.Task) -> StopSwitch:
         StopRequest("sigterm", "aborted: SIGTERM", requested_at=time.time())))
     loop.add_signal_handler(signal.SIGHUP, lambda: _hung_up(switch))
     loop.add_signal_handler(ABORT_SIGNAL, lambda: switch.stop(abort_request_from_signal()))
+    # game day: `kvdrill continue` / `kvdrill note` (drills/gameday/), handled before the run registers too
+    loop.add_signal_handler(inbox.MESSAGE_SIGNAL, DESK.receive)
     CURRENT.set(switch)
     return switch
 
@@ -176,9 +180,12 @@ def _hung_up(switch: StopSwitch) -> None:
 
 
 def uninstall(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, ABORT_SIGNAL):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, ABORT_SIGNAL, inbox.MESSAGE_SIGNAL):
         loop.remove_signal_handler(sig)
-    signal.signal(ABORT_SIGNAL, signal.SIG_IGN)  # a late `kvdrill abort` must not kill a finished run
+    # a late `kvdrill abort` or `kvdrill note` must not kill a finished run (the note's command then
+    # hears no answer and says the run has finished)
+    signal.signal(ABORT_SIGNAL, signal.SIG_IGN)
+    signal.signal(inbox.MESSAGE_SIGNAL, signal.SIG_IGN)
     CURRENT.set(None)
 
 
