@@ -25,10 +25,10 @@ def state(tmp_path, monkeypatch):
     monkeypatch.setenv(active.ENV, str(tmp_path / "state"))
 
 
-def start_fake(run_dir: Path, timeout: float = 60, on_timeout: str = "abort", *, until: str = "manual.waiting"
-               ) -> subprocess.Popen:
+def start_fake(run_dir: Path, timeout: float = 60, on_timeout: str = "abort", *, until: str = "manual.waiting",
+               stdin: int = subprocess.DEVNULL) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "tests.drills.fake_gameday", str(run_dir), str(timeout), on_timeout],
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=stdin,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -80,6 +80,22 @@ def test_continue_and_note_while_paused(tmp_path):
     samples = [e for e in h.of_type("observe.status") if waiting.ts < e.ts < cont.ts]
     assert len(samples) >= 3  # probes kept running during the pause
     assert h.first("verdict").data["verdict"] == "pass"
+
+
+def test_enter_on_a_terminal_continues(tmp_path):
+    run_dir = tmp_path / "gd-enter"
+    master, slave = os.openpty()
+    try:
+        proc = start_fake(run_dir, stdin=slave)
+        waiting = read_history(run_dir).first("manual.waiting")
+        assert waiting.data["how_to_continue"] == ["kvdrill continue gd-enter", "press Enter here"]
+        os.write(master, b"done\n")
+        assert finish(proc)[0] == 0
+    finally:
+        os.close(master)
+        os.close(slave)
+    cont = read_history(run_dir).first("manual.continued")
+    assert cont.data["source"] == "keypress"
 
 
 def test_continue_refused_when_not_paused(tmp_path):
