@@ -31,6 +31,7 @@ from drills.checkers.recovery import waves as recovery_waves
 from drills.decide import decide, overall
 from drills.gameday import pause
 from drills.gameday.desk import DESK
+from drills.gameday.traffic import PauseTraffic
 from drills.halt.monitor import HaltConfigError, HaltMonitor
 from drills.isolation import IsolationError, IsolationPolicy, owned_by_stack, policy_for
 from drills.journal import Journal, read_history
@@ -203,6 +204,7 @@ class Runner:
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
 
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http)
+        self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py)
         baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http)
         self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
@@ -430,16 +432,21 @@ class Runner:
             if isinstance(action, ManualStep):
                 m = action.manual
                 await self._pause(pause.Step(f"{self.journal.phase}.actions[{n}]", "manual", m.instruction,
-                                             m.timeout, m.on_timeout))
+                                             m.timeout, m.on_timeout), traffic=m.traffic and self.journal.phase == "chaos")
                 continue
             started = time.monotonic()
             with _spinner(self.console, f"[bold]{self.journal.phase}[/]: {action}"):
                 result = await handlers[action]()
             self.journal.append("action", action=action, result=result, took_s=round(time.monotonic() - started, 2))
 
-    async def _pause(self, step: pause.Step) -> None:
-        """A human step (drills/gameday/): the sampler, halt monitor and any traffic task keep running."""
-        await pause.pause(self.operator, step, self.console, self.stop_switch)
+    async def _pause(self, step: pause.Step, traffic: bool = False) -> None:
+        """A human step (drills/gameday/): the sampler, halt monitor and any traffic task keep running;
+        ``traffic`` adds the chaos prompts in waves of their own until the operator answers."""
+        keep = PauseTraffic(lambda wave: send_wave(
+            self._engine, self.fresh or self.prompts, self.scenario.workload, self.journal, target="engine", wave=wave,
+            on_failure=lambda: self._service_state("engine"))) if traffic else None
+        async with keep or contextlib.nullcontext():
+            await pause.pause(self.operator, step, self.console, self.stop_switch)
 
     async def _wait_for_stores(self, mark: Any) -> None:
         stored = await self.stack.wait_for_stores([p.token_ids for p in self.prompts], STORE_DRAIN_DEADLINE, mark)

@@ -139,6 +139,8 @@ class ManualSpec(_Strict):
     instruction: str = Field(min_length=1, description="what the operator is to do (or watch) now")
     timeout: Duration = Field(600.0, description="how long to wait for `kvdrill continue RUN` (or Enter)")
     on_timeout: OnTimeout = Field("abort", description="abort: stop the drill (ABORTED) and heal; continue: go on")
+    traffic: bool = Field(True, description="in chaos: keep sending the chaos prompts while paused (waves numbered "
+                                            "from 1001), so the fault meets a workload while the operator acts")
 
 
 class ManualStep(_Strict):

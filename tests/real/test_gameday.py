@@ -1,7 +1,8 @@
 """Game day on the real sandbox, one cheap drill (scenarios/gameday/slow-cache-link.yaml): kvdrill
 pauses before injecting (confirm) and again with the real fault in place (manual step); the test
 answers both with `kvdrill continue`, adds `kvdrill note`s, and checks the journal, report.md and
-report.html carry them, that the status sampler and the halt probe kept running during the pause,
+report.html carry them, that the status sampler, the halt probe and the workload kept running during
+the pause,
 that the toxic was in place while paused, and that a note after the run is refused."""
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ def test_game_day_pauses_are_answered_and_notes_land_in_journal_and_reports(own_
     assert sum(e["type"] == "observe.status" for e in paused) >= 2  # the leak sampler kept sampling
     assert any(e["type"] == "halt.observed" for e in paused)  # the halt probe kept probing
     assert not any(e["type"] == "fault.healed" for e in paused)  # the fault held during the pause
+    # the workload kept running during the pause too (waves from 1001), each request answered
+    pause_requests = [e for e in history if e["type"] == "request" and e["data"]["wave"] >= 1001]
+    assert any(e in paused for e in pause_requests)
+    answered_ids = {e["data"]["request_id"] for e in history if e["type"] == "response" and e["data"]["ok"]}
+    assert {e["data"]["request_id"] for e in pause_requests} <= answered_ids
     assert any(e["type"] == "response" and e["phase"] == "chaos" and e["ts"] > second_cont["ts"] for e in history)
 
     report = (run_dir / "report.md").read_text()
