@@ -1,7 +1,8 @@
 """Why a drill stopped early, and how the request reaches the code that is running it.
 
-Four sources stop a drill, each with its own reason in ``verdict.json``: Ctrl-C (SIGINT), SIGTERM,
-``kvdrill abort`` (SIGUSR1 plus a request file naming who asked) and a scenario halt condition. All of
+Five sources stop a drill, each with its own reason in ``verdict.json``: Ctrl-C (SIGINT), SIGTERM,
+``kvdrill abort`` (SIGUSR1 plus a request file naming who asked), a scenario halt condition, and a
+game-day manual step nobody answered in time (``on_timeout: abort``, drills/gameday/pause.py). All of
 them go through one :class:`StopSwitch` per process, which cancels the *drill task* (the phases up to
 the end of the drain, see :meth:`StopSwitch.run_scoped`), never the heal and stack-down that follow:
 those run after the drill task has ended, and a request arriving then is recorded but cancels
