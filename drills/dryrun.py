@@ -152,7 +152,8 @@ def manual_steps(sc: Scenario) -> list[dict[str, Any]]:
     phases = [("chaos", sc.chaos.actions)] + ([("recovery", sc.recovery.actions)] if sc.recovery.enabled else [])
     for phase, actions in phases:
         out += [{"step": f"{phase}.actions[{n}]", "kind": "manual", "phase": phase, "instruction": a.manual.instruction,
-                 "timeout_s": a.manual.timeout, "on_timeout": a.manual.on_timeout}
+                 "timeout_s": a.manual.timeout, "on_timeout": a.manual.on_timeout,
+                 "traffic_while_paused": a.manual.traffic and phase == "chaos"}
                 for n, a in enumerate(actions) if not isinstance(a, str)]
     return out
 
@@ -342,7 +343,8 @@ def render(plan: dict[str, Any], console: Console) -> None:
         console.print(t)
     for m in plan["manual_steps"]:
         console.print(f"[bold yellow]manual step[/] {m['step']} ({m['kind']}): {escape(m['instruction'])}; waits "
-                      f"{m['timeout_s']:.0f} s for `kvdrill continue RUN` (or Enter), then {m['on_timeout']}")
+                      f"{m['timeout_s']:.0f} s for `kvdrill continue RUN` (or Enter), then {m['on_timeout']}"
+                      + ("; chaos prompts keep flowing meanwhile" if m.get("traffic_while_paused") else ""))
     s = plan["seeds"]
     console.print(f"seeds: workload {s['workload']!r}, toxiproxy {s['toxiproxy']}, per fault "
                   + ", ".join(f"{k}={v!r}" for k, v in s["faults"].items()))

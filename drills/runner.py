@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -293,8 +294,9 @@ class Runner:
         if fault.confirm:  # game day: nothing is injected until the operator says so
             about = {"fault_id": fault_id, "injector": fault.injector, "trigger": fired,
                      "params": self.loaded.fault_params[i].model_dump(mode="json")}
+            shown = json.dumps(self.loaded.fault_params[i].model_dump(mode="json", exclude_none=True), sort_keys=True)
             await self._pause(pause.Step(f"chaos.faults[{i}].confirm", "confirm", f"about to inject {fault_id}: "
-                                         f"{fault.injector} {about['params']}", pause.CONFIRM_TIMEOUT_S, "abort", about))
+                                         f"{fault.injector} {shown}", pause.CONFIRM_TIMEOUT_S, "abort", about))
         self.injectors.append(injector)
         await injector.inject()
         self.journal.append("fault.fired", fault_id=fault_id, trigger=fired)

@@ -146,21 +146,18 @@ def timeline(history: History) -> str | None:
 
 
 def _operator_lane(ax, waits: list[steps.ManualWait], said: list[steps.Note], end: float) -> None:
-    """Manual waits as bars (amber: answered, red: timed out or interrupted), notes as ● with their text."""
-    for w in waits:
+    """Manual waits as bars (amber: answered, red: timed out or interrupted), notes as ● numbered in
+    time order (report.html's table has their text); labels alternate above and below, since steps and
+    notes of a game day tend to come seconds apart."""
+    for k, w in enumerate(waits):
         stop = w.end if w.end is not None else end
         colour = "#ffe082" if w.outcome == "continued" else "#ef9a9a"
         ax.broken_barh([(w.start, max(stop - w.start, end / 400))], (3.7, 0.6), facecolors=colour, edgecolors="#ff6f00")
-        ax.text(w.start, 4.33, f"{w.kind}: {_short(w.instruction, 40)}", fontsize=6, va="bottom")
-    for n in said:
-        ax.plot([n.t], [4.0], marker="o", color="#4a148c", markersize=6)
-        ax.annotate(_short(n.text, 30), (n.t, 4.0), textcoords="offset points", xytext=(3, -10), fontsize=6,
-                    color="#4a148c")
-
-
-def _short(text: str, width: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+        ax.text(w.start, 4.33 if k % 2 == 0 else 3.52, w.kind, fontsize=6, va="bottom" if k % 2 == 0 else "top")
+    for k, n in enumerate(said, start=1):
+        ax.plot([n.t], [4.0], marker="o", color="#4a148c", markersize=5)
+        ax.annotate(f"note {k}", (n.t, 4.0), textcoords="offset points", xytext=(2, 5 if k % 2 else -11),
+                    fontsize=6, color="#4a148c")
 
 
 def hit_windows(view: RunView) -> list[dict[str, Any]]:

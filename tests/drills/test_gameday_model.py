@@ -53,7 +53,7 @@ def test_mistakes_name_their_line_and_the_allowed_values():
     assert "s.yaml:4: chaos.actions[0]: 'clear_l2' is not allowed; allowed values: 'clear_l1', 'restart_engine'" in out
     assert "s.yaml:5: chaos.actions[1].manual.instruction: required key is missing" in out
     assert ("s.yaml:6: chaos.actions[1].manual.instrution: unknown key (did you mean 'instruction'?); allowed keys: "
-            "instruction, timeout, on_timeout") in out
+            "instruction, timeout, on_timeout, traffic") in out
     assert "s.yaml:7: chaos.actions[1].manual.on_timeout: 'maybe' is not allowed; allowed values: 'abort', 'continue'" in out
     assert any(line.startswith("s.yaml:8: chaos.actions[2].manual.instruction: String should have at least 1 character")
                for line in out)
@@ -68,8 +68,11 @@ def test_dry_run_lists_every_pause_in_order(tmp_path):
         ("chaos.faults[0].confirm", "confirm", "abort"), ("chaos.actions[1]", "manual", "continue"),
         ("recovery.actions[0]", "manual", "abort")]
     assert plan["faults"][0]["confirm"] is True
+    # the workload keeps flowing only in a chaos pause (recovery traffic is judged wave by wave)
+    assert [m.get("traffic_while_paused") for m in plan["manual_steps"]] == [None, True, False]
     assert plan["chaos_actions"][1] == {"manual": {"instruction": "Kill the LMCache server by hand",
-                                                   "timeout": "90s", "on_timeout": "continue"}}
+                                                   "timeout": "90s", "on_timeout": "continue",
+                                                   "traffic": True}}
     dryrun.to_json(plan)  # serialisable
     shipped = dryrun.build_plan(load_scenario(REPO / "scenarios/gameday/slow-cache-link.yaml"))
     assert [m["step"] for m in shipped["manual_steps"]] == ["chaos.faults[0].confirm", "chaos.actions[0]"]
