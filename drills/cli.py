@@ -186,6 +186,36 @@ def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique p
     raise typer.Exit(0 if all(r.ok for r in results) else 1)
 
 
+@app.command(name="continue")
+def continue_(run: str = typer.Argument(..., help="run id (or a unique part of one) or run directory of a paused drill"),
+              reports_dir: Path = REPORTS) -> None:
+    """Game day: let a drill paused at a manual step go on. Exit 0 when it continued, 2 when not (no such
+    run, finished, or not paused)."""
+    from drills.gameday.commands import OperatorError, send
+
+    try:
+        done = send(run, "continue", reports_dir=reports_dir)
+    except OperatorError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"{done.run_id}: continuing after {done.reply['step']}")
+
+
+@app.command()
+def note(run: str = typer.Argument(..., help="run id (or a unique part of one) or run directory of a running drill"),
+         text: str = typer.Argument(..., help="what the operator saw or did"), reports_dir: Path = REPORTS) -> None:
+    """Game day: add an operator note to a running drill's journal (timestamped, shown in its report).
+    Exit 0 when the journal has it, 2 when not (no such run, or it has finished)."""
+    from drills.gameday.commands import OperatorError, send
+
+    try:
+        done = send(run, "note", text, reports_dir=reports_dir)
+    except OperatorError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"{done.run_id}: note recorded (journal.jsonl#{done.reply['seq']}, phase {done.reply['phase']})")
+
+
 @app.command()
 def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
             checks: str | None = typer.Option(None, "--checks", help="comma-separated checks to run (default: "

@@ -22,6 +22,7 @@ from rich.table import Table
 from ruamel.yaml import YAML
 
 from drills import seeds
+from drills.gameday.pause import CONFIRM_TIMEOUT_S
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario
@@ -130,15 +131,31 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
         "workload": {**wl.model_dump(mode="json"), "prompt_seed": seeds.WORKLOAD.format(seed=sc.seed),
                      "fresh_prompt_seed": seeds.WORKLOAD_FRESH.format(seed=sc.seed)
                      if wl.chaos_prompts == "fresh" else None},
-        "chaos_actions": list(sc.chaos.actions),
+        "chaos_actions": [a if isinstance(a, str) else a.model_dump(mode="json") for a in sc.chaos.actions],
+        "manual_steps": manual_steps(sc),
         "recovery": sc.recovery.model_dump(mode="json"),
         "seeds": {**seeds.run_seeds(sc.seed, wl.chaos_prompts == "fresh", [f.id for f in faults]),
                   "unseeded": UNSEEDED_NAMES + [f"{f.id}: {u}" for f in faults for u in f.seeded.get("unseeded", [])]},
-        "faults": [{"id": f.id, "injector": f.injector, "params": f.params, "trigger": f.trigger,
-                    "targets": f.targets, "seeded": f.seeded, "problems": f.problems} for f in faults],
+        "faults": [{"id": f.id, "injector": f.injector, "params": f.params, "trigger": f.trigger, "confirm": spec.confirm,
+                    "targets": f.targets, "seeded": f.seeded, "problems": f.problems}
+                   for f, spec in zip(faults, sc.chaos.faults)],
         "checks": {name: c.enabled for name, c in sc.checks},
         "expect": sc.expect.model_dump(mode="json") if sc.expect else None,
     }
+
+
+def manual_steps(sc: Scenario) -> list[dict[str, Any]]:
+    """Where a game-day drill will pause for the operator, in the order it will (drills/gameday/)."""
+    out = [{"step": f"chaos.faults[{i}].confirm", "kind": "confirm", "phase": "chaos",
+            "instruction": f"confirm before {seeds.fault_id(i, f.injector)} ({f.injector}) is injected",
+            "timeout_s": CONFIRM_TIMEOUT_S, "on_timeout": "abort"} for i, f in enumerate(sc.chaos.faults) if f.confirm]
+    phases = [("chaos", sc.chaos.actions)] + ([("recovery", sc.recovery.actions)] if sc.recovery.enabled else [])
+    for phase, actions in phases:
+        out += [{"step": f"{phase}.actions[{n}]", "kind": "manual", "phase": phase, "instruction": a.manual.instruction,
+                 "timeout_s": a.manual.timeout, "on_timeout": a.manual.on_timeout,
+                 "traffic_while_paused": a.manual.traffic and phase == "chaos"}
+                for n, a in enumerate(actions) if not isinstance(a, str)]
+    return out
 
 
 def _plan_fault(i: int, spec: FaultSpec, params: BaseModel, sc: Scenario, view: StackView) -> FaultPlan:
@@ -324,6 +341,10 @@ def render(plan: dict[str, Any], console: Console) -> None:
         for k, v in f["seeded"].items():
             t.add_row(f"seeded: {k}", escape(v if isinstance(v, str) else json.dumps(v, sort_keys=True)))
         console.print(t)
+    for m in plan["manual_steps"]:
+        console.print(f"[bold yellow]manual step[/] {m['step']} ({m['kind']}): {escape(m['instruction'])}; waits "
+                      f"{m['timeout_s']:.0f} s for `kvdrill continue RUN` (or Enter), then {m['on_timeout']}"
+                      + ("; chaos prompts keep flowing meanwhile" if m.get("traffic_while_paused") else ""))
     s = plan["seeds"]
     console.print(f"seeds: workload {s['workload']!r}, toxiproxy {s['toxiproxy']}, per fault "
                   + ", ".join(f"{k}={v!r}" for k, v in s["faults"].items()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -29,6 +30,9 @@ from drills.checkers.correctness import check as correctness_check
 from drills.checkers.recovery import recovered
 from drills.checkers.recovery import waves as recovery_waves
 from drills.decide import decide, overall
+from drills.gameday import pause
+from drills.gameday.desk import DESK
+from drills.gameday.traffic import PauseTraffic
 from drills.halt.monitor import HaltConfigError, HaltMonitor
 from drills.isolation import IsolationError, IsolationPolicy, owned_by_stack, policy_for
 from drills.journal import Journal, read_history
@@ -37,7 +41,7 @@ from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import Action, LoadedScenario, StackSpec
+from drills.scenario import Action, LoadedScenario, ManualStep, StackSpec
 from drills.sse_http import SsePool
 from drills.stack.base import ProcessStack
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
@@ -115,6 +119,7 @@ class Runner:
         self._threads: stop.TrackingExecutor | None = None
         self.stop_switch: stop.StopSwitch | None = None
         self._checked_through: int | None = None  # last journal seq the checkers read (for `kvdrill analyze`)
+        self.operator = DESK.attach(self.run_id, self.journal)  # `kvdrill note/continue` (drills/gameday/)
 
     # --- entry ---------------------------------------------------------------------------------------
 
@@ -201,6 +206,7 @@ class Runner:
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
 
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
+        self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py)
         baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http, sse=SsePool(self.stack.url("baseline")))
         self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
@@ -284,6 +290,14 @@ class Runner:
 
     async def _fire(self, injector: Injector, fired: dict[str, Any]) -> None:
         fault_id = injector.ctx.fault_id
+        i = next(i for i, f in enumerate(self.scenario.chaos.faults) if seeds.fault_id(i, f.injector) == fault_id)
+        fault = self.scenario.chaos.faults[i]
+        if fault.confirm:  # game day: nothing is injected until the operator says so
+            about = {"fault_id": fault_id, "injector": fault.injector, "trigger": fired,
+                     "params": self.loaded.fault_params[i].model_dump(mode="json")}
+            shown = json.dumps(self.loaded.fault_params[i].model_dump(mode="json", exclude_none=True), sort_keys=True)
+            await self._pause(pause.Step(f"chaos.faults[{i}].confirm", "confirm", f"about to inject {fault_id}: "
+                                         f"{fault.injector} {shown}", pause.CONFIRM_TIMEOUT_S, "abort", about))
         self.injectors.append(injector)
         await injector.inject()
         self.journal.append("fault.fired", fault_id=fault_id, trigger=fired)
@@ -412,16 +426,30 @@ class Runner:
     def journal_events(self, type_: str):
         return read_history(self.journal.path).of_type(type_)
 
-    async def _actions(self, actions: list[Action]) -> None:
+    async def _actions(self, actions: list[Action | ManualStep]) -> None:
         handlers: dict[str, Callable[[], Awaitable[Any]]] = {
             "clear_l1": self.stack.clear_l1,
             "restart_engine": lambda: self.stack.restart("engine"),
         }
-        for action in actions:
+        for n, action in enumerate(actions):
+            if isinstance(action, ManualStep):
+                m = action.manual
+                await self._pause(pause.Step(f"{self.journal.phase}.actions[{n}]", "manual", m.instruction,
+                                             m.timeout, m.on_timeout), traffic=m.traffic and self.journal.phase == "chaos")
+                continue
             started = time.monotonic()
             with _spinner(self.console, f"[bold]{self.journal.phase}[/]: {action}"):
                 result = await handlers[action]()
             self.journal.append("action", action=action, result=result, took_s=round(time.monotonic() - started, 2))
+
+    async def _pause(self, step: pause.Step, traffic: bool = False) -> None:
+        """A human step (drills/gameday/): the sampler, halt monitor and any traffic task keep running;
+        ``traffic`` adds the chaos prompts in waves of their own until the operator answers."""
+        keep = PauseTraffic(lambda wave: send_wave(
+            self._engine, self.fresh or self.prompts, self.scenario.workload, self.journal, target="engine", wave=wave,
+            on_failure=lambda: self._service_state("engine"))) if traffic else None
+        async with keep or contextlib.nullcontext():
+            await pause.pause(self.operator, step, self.console, self.stop_switch)
 
     async def _wait_for_stores(self, mark: Any) -> None:
         stored = await self.stack.wait_for_stores([p.token_ids for p in self.prompts], STORE_DRAIN_DEADLINE, mark)
@@ -554,6 +582,7 @@ class Runner:
         expectation, code = d.expectation, d.exit_code
         self.journal.append("verdict", verdict=verdict, reason=reason, checks=[r.as_dict() for r in results],
                             expectation=expectation, exit_code=code, checked_through=self._checked_through)
+        DESK.detach(self.run_id)  # from here on `kvdrill note` is told the run has finished
         self.journal.close()
         outcome = Outcome(run_id=self.run_id, run_dir=self.run_dir, verdict=verdict, reason=reason, checks=results,
                           expectation=expectation, exit_code=code)

@@ -14,7 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, RootModel, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Discriminator,
+    Field,
+    RootModel,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from drills.durations import Duration
@@ -26,6 +37,7 @@ from injectors.base import registry
 Verdict = Literal["pass", "fail", "error", "aborted"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo"]
 Action = Literal["clear_l1", "restart_engine"]
+OnTimeout = Literal["abort", "continue"]
 
 
 class _Strict(BaseModel):
@@ -166,18 +178,49 @@ class FaultSpec(_Strict):
     injector: str = Field(description="fault family, e.g. kv_corrupt")
     params: dict[str, Any] = Field(default_factory=dict)
     trigger: Trigger | None = Field(None, description="when the fault fires; omitted: before chaos traffic")
+    confirm: bool = Field(False, description="game day: pause before injecting, show what is about to be injected "
+                                             "and wait for `kvdrill continue RUN` (or Enter); no answer within "
+                                             "10 minutes aborts the drill, nothing injected")
+
+
+class ManualSpec(_Strict):
+    instruction: str = Field(min_length=1, description="what the operator is to do (or watch) now")
+    timeout: Duration = Field(600.0, description="how long to wait for `kvdrill continue RUN` (or Enter)")
+    on_timeout: OnTimeout = Field("abort", description="abort: stop the drill (ABORTED) and heal; continue: go on")
+    traffic: bool = Field(True, description="in chaos: keep sending the chaos prompts while paused (waves numbered "
+                                            "from 1001), so the fault meets a workload while the operator acts")
+
+
+class ManualStep(_Strict):
+    """A human step: kvdrill pauses here until the operator says to go on (drills/gameday/)."""
+
+    manual: ManualSpec
+
+
+def _step_kind(value: Any) -> str:
+    # a mapping is a manual step, anything else an action name: each gets its own error message
+    return _MANUAL_TAG if isinstance(value, (dict, ManualStep)) else ""
+
+
+# Tags that name no YAML key, so error messages say `chaos.actions[0]` and `chaos.actions[1].manual.x`:
+# "" is dropped by _dotted, and _data_loc/_type_at skip both.
+_MANUAL_TAG = "manual step"
+_STEP_TAGS = ("", _MANUAL_TAG)
+Step = Annotated[Union[Annotated[Action, Tag("")], Annotated[ManualStep, Tag(_MANUAL_TAG)]],
+                 Discriminator(_step_kind)]
 
 
 class ChaosSpec(_Strict):
     faults: list[FaultSpec] = Field(default_factory=list)
-    actions: list[Action] = Field(
+    actions: list[Step] = Field(
         default_factory=list,
-        description="after injecting, before traffic; restart_engine empties vLLM's prefix cache (APC exclusion)")
+        description="after injecting, before traffic; restart_engine empties vLLM's prefix cache (APC exclusion); "
+                    "{manual: {instruction, timeout, on_timeout}} pauses for the operator (game day)")
 
 
 class RecoverySpec(_Strict):
     enabled: bool = True
-    actions: list[Action] = Field(default_factory=lambda: ["clear_l1", "restart_engine"])
+    actions: list[Step] = Field(default_factory=lambda: ["clear_l1", "restart_engine"])
     max_waves: int = Field(3, ge=1, le=20, description="recovery traffic stops early once answers are correct "
                                                        "and the hit rate is back (checks.recovery)")
 
@@ -524,7 +567,7 @@ def _type_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
     """The annotation of the value at ``loc`` inside ``model`` (None when ``loc`` leaves the models)."""
     current: Any = model
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or part in _STEP_TAGS:
             continue
         candidates = _models_in(current)
         tagged = [m for m in candidates if _tag_of(m) == part]

@@ -1,7 +1,8 @@
 """Why a drill stopped early, and how the request reaches the code that is running it.
 
-Four sources stop a drill, each with its own reason in ``verdict.json``: Ctrl-C (SIGINT), SIGTERM,
-``kvdrill abort`` (SIGUSR1 plus a request file naming who asked) and a scenario halt condition. All of
+Five sources stop a drill, each with its own reason in ``verdict.json``: Ctrl-C (SIGINT), SIGTERM,
+``kvdrill abort`` (SIGUSR1 plus a request file naming who asked), a scenario halt condition, and a
+game-day manual step nobody answered in time (``on_timeout: abort``, drills/gameday/pause.py). All of
 them go through one :class:`StopSwitch` per process, which cancels the *drill task* (the phases up to
 the end of the drain, see :meth:`StopSwitch.run_scoped`), never the heal and stack-down that follow:
 those run after the drill task has ended, and a request arriving then is recorded but cancels
@@ -36,9 +37,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from drills import active
+from drills.gameday import inbox
+from drills.gameday.desk import DESK
 from drills.journal import Journal
 
-Source = Literal["ctrl-c", "sigterm", "sighup", "kvdrill-abort", "halt"]
+Source = Literal["ctrl-c", "sigterm", "sighup", "kvdrill-abort", "halt", "manual-timeout"]
 ABORT_SIGNAL = signal.SIGUSR1
 T = TypeVar("T")
 
@@ -163,6 +166,8 @@ def install(loop: asyncio.AbstractEventLoop, main: asyncio.Task) -> StopSwitch:
         StopRequest("sigterm", "aborted: SIGTERM", requested_at=time.time())))
     loop.add_signal_handler(signal.SIGHUP, lambda: _hung_up(switch))
     loop.add_signal_handler(ABORT_SIGNAL, lambda: switch.stop(abort_request_from_signal()))
+    # game day: `kvdrill continue` / `kvdrill note` (drills/gameday/), handled before the run registers too
+    loop.add_signal_handler(inbox.MESSAGE_SIGNAL, DESK.receive)
     CURRENT.set(switch)
     return switch
 
@@ -176,9 +181,12 @@ def _hung_up(switch: StopSwitch) -> None:
 
 
 def uninstall(loop: asyncio.AbstractEventLoop) -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, ABORT_SIGNAL):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, ABORT_SIGNAL, inbox.MESSAGE_SIGNAL):
         loop.remove_signal_handler(sig)
-    signal.signal(ABORT_SIGNAL, signal.SIG_IGN)  # a late `kvdrill abort` must not kill a finished run
+    # a late `kvdrill abort` or `kvdrill note` must not kill a finished run (the note's command then
+    # hears no answer and says the run has finished)
+    signal.signal(ABORT_SIGNAL, signal.SIG_IGN)
+    signal.signal(inbox.MESSAGE_SIGNAL, signal.SIG_IGN)
     CURRENT.set(None)
 
 

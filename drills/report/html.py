@@ -11,6 +11,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from drills.checkers.base import RunView
+from drills.gameday import steps
 from drills.journal import History
 from drills.report import plots
 from drills.report.markdown import headline
@@ -60,4 +61,5 @@ def render_html(doc: dict[str, Any], history: History, record: dict[str, Any], *
         failing=failing[:MAX_FAILING_ROWS], failing_total=len(failing), faults=plots.fault_spans(history), verdict_faults=doc["faults"],
         heals=doc["heals"], phases=plots.phase_spans(history), versions=flatten(versions) if versions else [],
         links=own + [(label, base + path) for label, path in raw], colours=plots.OUTCOME_COLOURS,
-        responses=len(view.responses), why_missing=why_missing)
+        responses=len(view.responses), why_missing=why_missing,
+        manual_waits=steps.manual_waits(history), notes=steps.notes(history))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drills.gameday.steps import markdown_section as human_section
 from drills.journal import History
 from drills.report.first_repeat_md import first_repeat_section
 from drills.report.record import cell_text, flatten, why_missing
@@ -112,6 +113,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
                 "only changes are listed.", "", "| count | t(s)=value … |", "|---|---|"]
         for name, points in series.items():
             out.append(f"| {name} | {_clip(' '.join(f'{t}={v}' for t, v in points), 300)} |")
+    out += human_section(history)
     out += ["", "## Timeline", "", "| phase | took | note |", "|---|---|---|"]
     for e in history.of_type("phase.finished"):
         out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")

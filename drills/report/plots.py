@@ -22,6 +22,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from drills.checkers.base import RunView  # noqa: E402
 from drills.checkers.hit_rate import window  # noqa: E402
+from drills.gameday import steps  # noqa: E402
 from drills.journal import Event, History  # noqa: E402
 from drills.report.record import LATENCY_PHASES  # noqa: E402
 
@@ -94,8 +95,10 @@ def timeline(history: History) -> str | None:
     if not spans:
         return None
     end = max(s.end for s in spans)
-    fig, ax = plt.subplots(figsize=(11, 3.4))
-    rows = {"phases": 3, "faults": 2, "engine": 1, "baseline": 0}
+    waits, said = steps.manual_waits(history), steps.notes(history)
+    human = bool(waits or said)  # game day: a lane for the operator, only when the run had one
+    fig, ax = plt.subplots(figsize=(11, 3.9 if human else 3.4))
+    rows = {"phases": 3, "faults": 2, "engine": 1, "baseline": 0} | ({"operator": 4} if human else {})
     for s in spans:
         ax.broken_barh([(s.start, max(s.end - s.start, end / 400))], (2.6, 0.8), facecolors=PHASE_COLOURS.get(s.name, "#eee"),
                        edgecolors="#607d8b", linewidth=0.5)
@@ -129,15 +132,32 @@ def timeline(history: History) -> str | None:
         bars.setdefault((row, outcome(view, e)), []).append((e.ts - base - took, max(took, end / 500)))
     for (row, kind), xs in bars.items():
         ax.broken_barh(xs, (row - 0.3, 0.6), facecolors=OUTCOME_COLOURS[kind], edgecolors="white", linewidth=0.3)
+    _operator_lane(ax, waits, said, end)
     ax.set_yticks(list(rows.values()), [f"{k}" for k in rows])
-    ax.set_ylim(-0.6, 3.6)
+    ax.set_ylim(-0.6, 4.6 if human else 3.6)
     ax.set_xlim(0, end * 1.01)
     ax.set_xlabel("seconds since the run started")
-    ax.set_title("Timeline: phases, faults (▼ inject, ★ proof, ▲ heal; ◆ drill actions) and requests by verdict",
+    ax.set_title("Timeline: phases, faults (▼ inject, ★ proof, ▲ heal; ◆ drill actions) and requests by verdict"
+                 + ("; operator: manual waits, ● notes" if human else ""),
                  fontsize=10)
     handles = [Patch(color=c, label=k) for k, c in OUTCOME_COLOURS.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8, frameon=False)
     return _png(fig)
+
+
+def _operator_lane(ax, waits: list[steps.ManualWait], said: list[steps.Note], end: float) -> None:
+    """Manual waits as bars (amber: answered, red: timed out or interrupted), notes as ● numbered in
+    time order (report.html's table has their text); labels alternate above and below, since steps and
+    notes of a game day tend to come seconds apart."""
+    for k, w in enumerate(waits):
+        stop = w.end if w.end is not None else end
+        colour = "#ffe082" if w.outcome == "continued" else "#ef9a9a"
+        ax.broken_barh([(w.start, max(stop - w.start, end / 400))], (3.7, 0.6), facecolors=colour, edgecolors="#ff6f00")
+        ax.text(w.start, 4.33 if k % 2 == 0 else 3.52, w.kind, fontsize=6, va="bottom" if k % 2 == 0 else "top")
+    for k, n in enumerate(said, start=1):
+        ax.plot([n.t], [4.0], marker="o", color="#4a148c", markersize=5)
+        ax.annotate(f"note {k}", (n.t, 4.0), textcoords="offset points", xytext=(2, 5 if k % 2 else -11),
+                    fontsize=6, color="#4a148c")
 
 
 def hit_windows(view: RunView) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from drills.checkers import first_repeat
 from drills.checkers.base import RunView
 from drills.checkers.hit_rate import phase_rates
 from drills.checkers.slo import percentiles, phase_latency
+from drills.gameday.steps import summary as human_summary
 from drills.journal import History
 from drills.observe.prom import total
 from drills.report.jsontext import dumps_indented
@@ -90,6 +91,7 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
         "quality": {name: {"verdict": checks[name]["verdict"], "summary": checks[name]["summary"]}
                     if name in checks else None for name in ("correctness", "degenerate")},
         "logs": _logs(history),
+        "human": human_summary(history),  # game day: manual steps and operator notes (drills/gameday/)
     }
     for name, value in (rec["versions"] or {}).items():
         if value is None:
