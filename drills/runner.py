@@ -42,6 +42,7 @@ from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
 from drills.scenario import Action, LoadedScenario, ManualStep, StackSpec
+from drills.sse_http import SsePool
 from drills.stack.base import ProcessStack
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
 from drills.stack.pool import StackPool
@@ -204,9 +205,9 @@ class Runner:
                 await self.stack.up()
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
 
-        engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http)
+        engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
         self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py)
-        baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http)
+        baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http, sse=SsePool(self.stack.url("baseline")))
         self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
             self.fresh = await build_prompts(baseline, sc.workload, sc.seed, fresh=True)

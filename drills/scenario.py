@@ -111,8 +111,34 @@ class StackSpec(_Strict):
                                           "the same stack spec left healthy and drained (false: always a fresh one)")
 
 
+class ShareSpec(_Strict):
+    """Which prompts share a prefix: ``ratio`` of them (rounded to whole prompts) share one of ``groups``
+    seeded prefixes (assigned round-robin over a seeded choice of prompts); every other prompt gets a
+    prefix of the same length of its own, so prompt lengths do not depend on the ratio."""
+
+    groups: int = Field(1, ge=1, le=16, description="distinct shared prefixes")
+    ratio: float = Field(1.0, ge=0, le=1, description="fraction of prompts that share a prefix (0: none does)")
+
+
+class ClosedArrival(_Strict):
+    mode: Literal["closed"] = Field("closed", description="closed loop: workload.concurrency requests in flight")
+
+
+class PoissonArrival(_Strict):
+    """Open loop: requests are due at seeded Poisson times whatever the engine does, so a slow engine
+    builds a queue instead of slowing the generator (latency counts from the scheduled send time)."""
+
+    mode: Literal["poisson"]
+    rate: float = Field(gt=0, le=10000, description="mean requests per second")
+    max_outstanding: int = Field(32, ge=1, le=1024, description="requests in flight at most; a due request waits "
+                                                                 "for a slot and the wait is journaled")
+
+
+Arrival = Annotated[Union[ClosedArrival, PoissonArrival], Field(discriminator="mode")]
+
+
 class WorkloadSpec(_Strict):
-    """Seeded prompts: one shared prefix for all prompts, then a unique part per prompt."""
+    """Seeded prompts: a shared prefix (for all prompts, or as ``share`` says), then a unique part per prompt."""
 
     prompts: int = Field(4, ge=1, le=64)
     shared_prefix_tokens: int = Field(768, ge=0, le=3072)
@@ -124,6 +150,28 @@ class WorkloadSpec(_Strict):
     chaos_prompts: Literal["same", "fresh"] = Field(
         "same", description="fresh: chaos traffic sends a second seeded prompt set the cache has not stored "
                             "(same shared prefix), so stores happen during chaos (mid-store faults)")
+    share: ShareSpec | None = Field(
+        None, description="share ratios: which prompts share which prefix; omitted: every prompt shares one prefix")
+    arrival: Arrival = Field(default_factory=ClosedArrival,
+                             description="closed (default): `concurrency` at a time; poisson: open loop at `rate`")
+
+    @model_validator(mode="after")
+    def _share_fits(self) -> WorkloadSpec:
+        if self.share is None:
+            return self
+        if self.shared_prefix_tokens == 0:
+            raise ValueError("workload.share needs workload.shared_prefix_tokens > 0 (the prefix length to share)")
+        sharing = share_count(self.prompts, self.share.ratio)
+        if sharing and sharing < 2 * self.share.groups:
+            raise ValueError(f"workload.share: ratio {self.share.ratio} of {self.prompts} prompts is {sharing} sharing "
+                             f"prompt(s), fewer than 2 per group for {self.share.groups} group(s); raise prompts or "
+                             "ratio, or lower groups")
+        return self
+
+
+def share_count(prompts: int, ratio: float) -> int:
+    """How many of ``prompts`` share a prefix at ``ratio`` (round half up: 0.5 of 3 is 2)."""
+    return int(prompts * ratio + 0.5)
 
 
 class FaultSpec(_Strict):

@@ -15,6 +15,26 @@ WORKLOAD = "kvdrill-workload:{seed}"  # drills/workload.py: the main prompt set
 WORKLOAD_FRESH = "kvdrill-workload:{seed}:fresh"  # the chaos-only prompt set (chaos_prompts: fresh)
 
 
+def share_choice(seed: int) -> str:
+    """Which prompt positions share a prefix (workload.share)."""
+    return f"kvdrill-workload:{seed}:share"
+
+
+def share_prefix(seed: int, group: int) -> str:
+    """The story of shared prefix ``group`` (group 0 is drawn from WORKLOAD, as before share ratios)."""
+    return f"kvdrill-workload:{seed}:prefix{group}"
+
+
+def own_prefix(seed: int, prompt_id: int) -> str:
+    """The prefix of a prompt that shares none (workload.share ratio < 1)."""
+    return f"kvdrill-workload:{seed}:own{prompt_id}"
+
+
+def arrivals(seed: int, phase: str, target: str, wave: int) -> str:
+    """One wave's Poisson inter-arrival times (workload.arrival: poisson)."""
+    return f"kvdrill-arrival:{seed}:{phase}:{target}:w{wave}"
+
+
 def derive_seed(seed: int, label: str) -> int:
     """A 31-bit seed for ``label`` (a seed for a process that takes an integer, e.g. the Toxiproxy server)."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{label}".encode()).digest()[:4], "big") >> 1

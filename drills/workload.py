@@ -16,7 +16,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,8 @@ import httpx
 
 from drills import seeds
 from drills.journal import Journal
-from drills.scenario import WorkloadSpec
+from drills.scenario import PoissonArrival, WorkloadSpec, share_count
+from drills.sse_http import SsePool
 
 _WORDS = (
     "king queen castle river forest dragon knight village stone heart ship sea storm lantern garden "
@@ -42,6 +43,7 @@ _SPEAKERS = ("king", "queen", "miller", "sailor", "scholar", "weaver", "hunter",
 class Prompt:
     id: int
     token_ids: list[int]
+    group: int | None = 0  # the shared prefix it starts with; None: a prefix of its own (workload.share)
 
     @property
     def name(self) -> str:
@@ -117,12 +119,31 @@ def _story(rng: random.Random, n_words: int) -> str:
 
 
 class EngineClient:
-    """OpenAI-compatible completions against one vLLM endpoint."""
+    """OpenAI-compatible completions against one vLLM endpoint.
 
-    def __init__(self, base_url: str, model: str, http: httpx.AsyncClient) -> None:
+    ``sse``: send completions through the lean keep-alive client (drills/sse_http.py) instead of httpx,
+    which cannot keep up with the workload generator; tokenize and everything else go through ``http``."""
+
+    def __init__(self, base_url: str, model: str, http: httpx.AsyncClient, sse: SsePool | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.http = http
+        self.sse = sse
+        self._encoded: dict[tuple[int, ...], str] = {}  # prompt token ids -> their JSON
+
+    def _body(self, token_ids: list[int], body: dict[str, Any]) -> bytes:
+        """The request body, with each prompt's token list encoded once: a drill resends the same prompts,
+        and encoding 1,000+ ids per request was the generator's largest cost (bench/workload.py). Keyed
+        by the ids' contents (a tuple), so a changed list can never be sent as its old JSON."""
+        key = tuple(token_ids)
+        encoded = self._encoded.get(key)
+        if encoded is None:
+            encoded = json.dumps(token_ids, separators=(",", ":"))
+            if len(self._encoded) >= 1024:
+                self._encoded.clear()
+            self._encoded[key] = encoded
+        rest = json.dumps({k: v for k, v in body.items() if k != "prompt"}, separators=(",", ":"))
+        return f'{{"prompt":{encoded},{rest[1:]}'.encode()
 
     async def tokenize(self, text: str) -> list[int]:
         r = await self.http.post(f"{self.base_url}/tokenize",
@@ -134,36 +155,46 @@ class EngineClient:
         """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request."""
         body = {"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
                 "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
-        out: list[int] = []
-        text: list[str] = []
-        arrivals: list[tuple[float, int]] = []
-        finish, usage = None, {}
         async with asyncio.timeout(timeout):
             start = time.perf_counter()
+            if self.sse is not None:
+                async with self.sse.post_lines("/v1/completions", self._body(token_ids, body)) as reply:
+                    if reply.status >= 400:
+                        reply.raise_for_status(await reply.read())
+                    return await _read_stream(reply.lines(), start)
             async with self.http.stream("POST", f"{self.base_url}/v1/completions", json=body, timeout=timeout) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     r.raise_for_status()
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[len("data: "):])
-                    if "error" in chunk:
-                        raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        ids = list(choice.get("token_ids") or [])
-                        if ids:
-                            arrivals.append((time.perf_counter(), len(ids)))
-                            out += ids
-                        text.append(choice.get("text") or "")
-                        finish = choice.get("finish_reason") or finish
-        ttft = arrivals[0][0] - start if arrivals else None
-        # a chunk carrying n tokens spreads its gap over them (vLLM sends one token per chunk here)
-        itl = [round((t - prev) / n, 5) for (prev, _), (t, n) in zip(arrivals, arrivals[1:])]
-        details = usage.get("prompt_tokens_details") or {}
-        return Completion(token_ids=out, text="".join(text), finish_reason=finish, cached_tokens=details.get("cached_tokens"),
-                          ttft_s=ttft, itl_s=itl)
+                return await _read_stream(r.aiter_lines(), start)
+
+
+async def _read_stream(lines: AsyncIterator[str], start: float) -> Completion:
+    """A completion from its SSE lines: token ids, text, finish reason, usage, and when tokens came."""
+    out: list[int] = []
+    text: list[str] = []
+    arrivals: list[tuple[float, int]] = []
+    finish, usage = None, {}
+    async for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[len("data: "):])
+        if "error" in chunk:
+            raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            ids = list(choice.get("token_ids") or [])
+            if ids:
+                arrivals.append((time.perf_counter(), len(ids)))
+                out += ids
+            text.append(choice.get("text") or "")
+            finish = choice.get("finish_reason") or finish
+    ttft = arrivals[0][0] - start if arrivals else None
+    # a chunk carrying n tokens spreads its gap over them (vLLM sends one token per chunk here)
+    itl = [round((t - prev) / n, 5) for (prev, _), (t, n) in zip(arrivals, arrivals[1:])]
+    details = usage.get("prompt_tokens_details") or {}
+    return Completion(token_ids=out, text="".join(text), finish_reason=finish, cached_tokens=details.get("cached_tokens"),
+                      ttft_s=ttft, itl_s=itl)
 
 
 async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, fresh: bool = False) -> PromptSet:
@@ -172,20 +203,44 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
     ``fresh`` builds the chaos-only set: the same shared prefix, other unique parts, ids after the main
     set's, so its chunks are not in the cache until chaos traffic stores them."""
     rng = random.Random(seeds.WORKLOAD.format(seed=seed))
-    shared: list[int] = []
-    if spec.shared_prefix_tokens:
-        shared = (await client.tokenize(_story(rng, spec.shared_prefix_tokens)))[: spec.shared_prefix_tokens]
+    n = spec.shared_prefix_tokens
+
+    async def prefix(story_rng: random.Random) -> list[int]:
+        return (await client.tokenize(_story(story_rng, n)))[:n] if n else []
+
+    # group 0's prefix is drawn first from the main rng, exactly as before share ratios existed, so a
+    # scenario without `share` gets the same token ids for the same seed
+    shared = await prefix(rng)
     first_id = spec.prompts if fresh else 0
+    groups = share_groups(spec, seed)
+    prefixes: dict[int | None, list[int]] = {0: shared}
+    for g in sorted({g for g in groups if g}):
+        prefixes[g] = await prefix(random.Random(seeds.share_prefix(seed, g)))
     if fresh:
         rng = random.Random(seeds.WORKLOAD_FRESH.format(seed=seed))
     prompts = []
     for i in range(first_id, first_id + spec.prompts):
+        group = groups[i - first_id]  # a fresh prompt takes the place (and group) of its main-set twin
+        head = prefixes[group] if group is not None else await prefix(random.Random(seeds.own_prefix(seed, i)))
         speaker = _SPEAKERS[i % len(_SPEAKERS)]
         closing = await client.tokenize(f" The next morning, the {speaker} said")
         body_len = max(spec.unique_tokens - len(closing), 1)
         body = (await client.tokenize(" " + _story(rng, spec.unique_tokens)))[:body_len]
-        prompts.append(Prompt(id=i, token_ids=shared + body + closing))
+        prompts.append(Prompt(id=i, token_ids=head + body + closing, group=group))
     return PromptSet(prompts=prompts, shared_prefix_tokens=len(shared), seed=seed)
+
+
+def share_groups(spec: WorkloadSpec, seed: int) -> list[int | None]:
+    """The prefix group of each prompt position (None: unshared). Without ``share`` every prompt is in
+    group 0; with it, a seeded choice of ``share_count`` positions is dealt round-robin into the groups."""
+    if spec.share is None:
+        return [0] * spec.prompts
+    k = share_count(spec.prompts, spec.share.ratio)
+    chosen = sorted(random.Random(seeds.share_choice(seed)).sample(range(spec.prompts), k))
+    out: list[int | None] = [None] * spec.prompts
+    for j, pos in enumerate(chosen):
+        out[pos] = j % spec.share.groups
+    return out
 
 
 def _error_kind(exc: Exception) -> tuple[str, int | None]:
@@ -205,46 +260,116 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
                     target: str, wave: int, on_request: Callable[[], Awaitable[None]] | None = None,
                     on_failure: Callable[[], dict[str, Any]] | None = None,
                     oracle_set: str | None = None) -> list[Response]:
-    """Send every prompt once, ``spec.concurrency`` at a time; journal each request and response.
+    """Send every prompt once and journal each request and response: ``spec.concurrency`` at a time
+    (closed loop), or at seeded Poisson times (``arrival: poisson``, open loop).
 
     ``on_request`` runs as each request is sent (request-count triggers); ``on_failure`` describes the
     target service when a request fails (alive or not, its last log lines) for the liveness check.
     ``oracle_set`` marks baseline answers that are the oracle while a fault holds (a model upgrade)."""
     tag = {"oracle_set": oracle_set} if oracle_set else {}
+    send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag)
+    if isinstance(spec.arrival, PoissonArrival):
+        return await _open_loop(send, prompts, spec.arrival,
+                                random.Random(seeds.arrivals(prompts.seed, journal.phase, target, wave)))
     gate = asyncio.Semaphore(spec.concurrency)
 
     async def one(prompt: Prompt) -> Response:
-        request_id = f"{journal.phase}-w{wave}-{prompt.name}-{target}"
         async with gate:
-            journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
-                           prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens,
-                           deadline_s=spec.request_timeout, **tag)
-            if on_request is not None:
-                await on_request()
-            start = time.perf_counter()
-            try:
-                done = await client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
-                resp = Response(request_id=request_id, prompt_id=prompt.id, ok=True, token_ids=done.token_ids,
-                                text=done.text, finish_reason=done.finish_reason, latency_s=time.perf_counter() - start,
-                                cached_tokens=done.cached_tokens, ttft_s=done.ttft_s, itl_s=done.itl_s)
-            except (httpx.HTTPError, TimeoutError, StreamError, KeyError, IndexError, ValueError) as exc:
-                detail = ""
-                if isinstance(exc, httpx.HTTPStatusError):
-                    detail = f" body={exc.response.text[:300]!r}"
-                kind, code = _error_kind(exc)
-                first_line = str(exc).splitlines()[0] if str(exc) else ""
-                resp = Response(request_id=request_id, prompt_id=prompt.id, ok=False,
-                                latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {first_line}{detail}",
-                                error_kind=kind, status_code=code)
-            extra = {}
-            if not resp.ok:
-                extra = {"error_kind": resp.error_kind, "status_code": resp.status_code,
-                         "service_state": on_failure() if on_failure else None}
-            journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
-                           ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
-                           latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
-                           ttft_s=None if resp.ttft_s is None else round(resp.ttft_s, 4), itl_s=resp.itl_s,
-                           **extra, **tag)
-            return resp
+            return await send(prompt, None)
 
     return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def poisson_schedule(rng: random.Random, rate: float, n: int) -> list[float]:
+    """Send offsets (seconds from the wave's start) of ``n`` Poisson arrivals at ``rate`` per second:
+    cumulative exponential gaps, the first one included (a wave does not start with a burst)."""
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+async def _open_loop(send: _Sender, prompts: PromptSet, arrival: PoissonArrival, rng: random.Random) -> list[Response]:
+    """Fire each prompt at its scheduled time whatever is still in flight, up to ``max_outstanding``.
+
+    A request's latency counts from its scheduled time, not from when it left: a generator that waits
+    for the engine before sending hides the queue it would have built (coordinated omission)."""
+    loop = asyncio.get_running_loop()
+    offsets = poisson_schedule(rng, arrival.rate, len(prompts))
+    slots = asyncio.Semaphore(arrival.max_outstanding)
+    start = loop.time()
+    clock0 = time.perf_counter() - start  # loop.time() -> perf_counter(): both monotonic, same process
+    tasks = []
+    for prompt, offset in zip(prompts, offsets):
+        delay = start + offset - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if slots.locked():
+            send.journal.append("workload.outstanding_cap", target=send.target, wave=send.wave, prompt_id=prompt.id,
+                                cap=arrival.max_outstanding, scheduled_s=round(offset, 4),
+                                behind_s=round(loop.time() - start - offset, 4))
+        await slots.acquire()
+        scheduled = clock0 + start + offset
+        task = asyncio.create_task(send(prompt, _Schedule(at=scheduled, offset=offset)))
+        task.add_done_callback(lambda _t: slots.release())
+        tasks.append(task)
+    return list(await asyncio.gather(*tasks))
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    at: float  # perf_counter() time the request was due
+    offset: float  # seconds from the wave's start
+
+
+class _Sender:
+    """Sends one prompt and journals its request and response (shared by both arrival modes)."""
+
+    def __init__(self, client: EngineClient, spec: WorkloadSpec, journal: Journal, target: str, wave: int,
+                 on_request: Callable[[], Awaitable[None]] | None, on_failure: Callable[[], dict[str, Any]] | None,
+                 tag: dict[str, Any]) -> None:
+        self.client, self.spec, self.journal, self.target, self.wave = client, spec, journal, target, wave
+        self.on_request, self.on_failure, self.tag = on_request, on_failure, tag
+
+    async def __call__(self, prompt: Prompt, due: _Schedule | None) -> Response:
+        spec, journal, target, wave, tag = self.spec, self.journal, self.target, self.wave, self.tag
+        request_id = f"{journal.phase}-w{wave}-{prompt.name}-{target}"
+        timing: dict[str, Any] = {}
+        if due is not None:
+            timing = {"scheduled_s": round(due.offset, 4), "send_delay_s": round(time.perf_counter() - due.at, 4)}
+        journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
+                       prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens,
+                       deadline_s=spec.request_timeout, durable=False, **timing, **tag)
+        if self.on_request is not None:
+            await self.on_request()
+        start = time.perf_counter() if due is None else due.at
+        sent = time.perf_counter()
+        try:
+            done = await self.client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
+            # open loop: time to first token also counts from the scheduled time (the queue is part of it)
+            ttft = done.ttft_s if done.ttft_s is None else done.ttft_s + (sent - start)
+            resp = Response(request_id=request_id, prompt_id=prompt.id, ok=True, token_ids=done.token_ids,
+                            text=done.text, finish_reason=done.finish_reason, latency_s=time.perf_counter() - start,
+                            cached_tokens=done.cached_tokens, ttft_s=ttft, itl_s=done.itl_s)
+        except (httpx.HTTPError, TimeoutError, StreamError, KeyError, IndexError, ValueError) as exc:
+            detail = ""
+            if isinstance(exc, httpx.HTTPStatusError):
+                detail = f" body={exc.response.text[:300]!r}"
+            kind, code = _error_kind(exc)
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            resp = Response(request_id=request_id, prompt_id=prompt.id, ok=False,
+                            latency_s=time.perf_counter() - start, error=f"{type(exc).__name__}: {first_line}{detail}",
+                            error_kind=kind, status_code=code)
+        extra = {}
+        if not resp.ok:
+            extra = {"error_kind": resp.error_kind, "status_code": resp.status_code,
+                     "service_state": self.on_failure() if self.on_failure else None}
+        if due is not None:
+            extra["service_latency_s"] = round(time.perf_counter() - sent, 4)
+        journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
+                       ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
+                       latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
+                       ttft_s=None if resp.ttft_s is None else round(resp.ttft_s, 4), itl_s=resp.itl_s,
+                       durable=False, **extra, **tag)
+        return resp

@@ -6,6 +6,7 @@ from typing import Any
 
 from drills.gameday.steps import markdown_section as human_section
 from drills.journal import History
+from drills.report.first_repeat_md import first_repeat_section
 from drills.report.record import cell_text, flatten, why_missing
 from drills.report.stopped import markdown_section as stopped_section
 
@@ -67,6 +68,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
                    f"{f' ({rate:.0%})' if rate is not None else ''} | {r['lmcache_l1_hit_tokens']:.0f} / "
                    f"{r['lmcache_l2_hit_tokens']:.0f} | {r['vllm_external_hits']:.0f}/{r['vllm_external_queries']:.0f} | "
                    f"{r['vllm_apc_hits']:.0f}/{r['vllm_apc_queries']:.0f} |")
+    out += first_repeat_section(history)
     out += _fallback_section(history)
     out += _latency_section(history)
     out += ["", "## Faults", ""]

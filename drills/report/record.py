@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from drills.checkers import first_repeat
 from drills.checkers.base import RunView
 from drills.checkers.hit_rate import phase_rates
 from drills.checkers.slo import percentiles, phase_latency
@@ -80,6 +81,7 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
                                         if e.data.get("ok") and isinstance(e.data.get("token_ids"), list)]),
         "concurrency": (model.get("workload") or {}).get("concurrency"),
         "cache": _cache(view, gaps),
+        "first_vs_repeat": _first_vs_repeat(view, gaps),
         "latency": _latency(view, gaps),
         "errors": _errors(view, checks),
         "transferred": _transferred(view, gaps),
@@ -213,6 +215,35 @@ def _cache(view: RunView, gaps: _Gaps) -> dict[str, Any]:
     if sums["hit_rate_tokens"] is None:
         gaps.absent("cache.total.hit_rate_tokens", "LMCache was asked to look up no token in any phase")
     return {"per_phase": per_phase, "total": sums}
+
+
+def _first_vs_repeat(view: RunView, gaps: _Gaps) -> dict[str, Any]:
+    """Per phase: LMCache's hit rate over the first wave vs the later ones, and vLLM's per-request cached
+    share of first sends vs repeats (drills/checkers/first_repeat.py says what each can attribute)."""
+    out = {}
+    for phase, r in first_repeat.all_phases(view, CACHE_PHASES).items():
+        out[phase] = {
+            "lmcache_first_hit_rate_tokens": (r["lmcache"]["first"] or {}).get("hit_rate_tokens"),
+            "lmcache_repeat_hit_rate_tokens": (r["lmcache"]["repeat"] or {}).get("hit_rate_tokens"),
+            "vllm_first_cached_rate_tokens": (r["vllm_cached"]["first"] or {}).get("cached_rate_tokens"),
+            "vllm_repeat_cached_rate_tokens": (r["vllm_cached"]["repeat"] or {}).get("cached_rate_tokens"),
+        }
+        for key, value in out[phase].items():
+            if value is not None:
+                continue
+            if "repeat" in key and r["lmcache" if key.startswith("lmcache") else "vllm_cached"]["repeat"] is None:
+                why = "the phase sent each prompt once (one wave): no repeats"
+            elif key.startswith("lmcache"):
+                why = ("no metrics window for these waves, or LMCache was asked to look up no token in them "
+                       "(LMCache counts hits per wave window, never per request)")
+            else:
+                why = "no answered request of these sends reports usage.prompt_tokens_details.cached_tokens"
+            gaps.absent(f"first_vs_repeat.{phase}.{key}", why)
+    if out:
+        gaps.derived["first_vs_repeat"] = ("LMCache: hit / looked-up tokens over the phase's first wave vs its later "
+                                           "waves (counter windows; waves do not overlap); vLLM: cached / prompt "
+                                           "tokens summed over each prompt's first send in the phase vs its repeats")
+    return out
 
 
 def _latency(view: RunView, gaps: _Gaps) -> dict[str, Any]:

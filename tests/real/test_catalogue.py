@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ARTIFACTS, REPO, assert_nothing_left, run_kvdrill, started_pids
+from .workload_checks import check_open_loop_share_run
 
 pytestmark = pytest.mark.real
 
@@ -82,3 +83,10 @@ def test_the_suite_reuses_stacks_and_leaves_nothing_behind(catalogue):
     deleted = [e["data"] for j in journals for e in _events(j, "netns.deleted")]
     assert created == {d["name"] for d in deleted} and not any(d.get("processes_left_inside") for d in deleted)
     assert_nothing_left(set().union(*(started_pids(d / "journal.jsonl") for d in runs.values())))
+
+
+def test_the_open_loop_and_share_ratio_ran_on_the_real_engine(catalogue):
+    """engine-freeze runs open-loop Poisson traffic with a 0.5 share ratio: the seeded send times, the
+    prefixes and the first/repeat hit rates are checked on its run (no drill of its own)."""
+    _, _, runs = catalogue
+    check_open_loop_share_run(runs["basics/engine-freeze.yaml"])
