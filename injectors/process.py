@@ -32,7 +32,8 @@ class ProcessParams(BaseModel):
     action: Literal["term", "kill", "stop", "cont", "restart"] = Field(
         description="term/kill: signal the group and leave it down until heal; stop/cont: freeze/thaw; "
                     "restart: stop and start again, waiting until healthy")
-    freeze_for: Duration | None = Field(None, description="stop only: thaw after this long instead of at heal")
+    freeze_for: Duration | None = Field(None, description="stop only: thaw this long after every process of the "
+                                           "group is stopped, instead of at heal")
     restart_signal: Literal["term", "kill"] = Field("term", description="restart only: how the old group stops")
     grace: Duration = Field(30.0, description="term/restart: wait this long for the group to exit")
     escalate: bool = Field(True, description="term: SIGKILL what is left after grace, as docker stop and the "
