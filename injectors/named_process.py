@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from drills.durations import Duration
 from drills.isolation import read_cmdline
 from injectors.base import HealReport, InjectionError, Injector, Proof
-from injectors.process import SIGNALS, process_states
+from injectors.process import SIGNALS, process_states, until_frozen
 
 
 class NamedProcessParams(BaseModel):
@@ -100,6 +100,10 @@ class NamedProcessFault(Injector):
         self.injected_at = time.time()
         self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
                                 pid=self.p.pid, signal=SIGNALS[self.p.action].name)
+        if self.p.action == "stop":
+            # in place once the process is stopped, not when the signal is queued: it stops itself the next
+            # time it runs (or leaves an uninterruptible sleep), which under load is a while
+            await until_frozen({self.p.pid})
 
     async def verify(self) -> Proof:
         pid = self.p.pid
@@ -112,7 +116,7 @@ class NamedProcessFault(Injector):
             how = f"SIG{self.p.action.upper()}" + (" then SIGKILL" if escalated else "")
             return Proof(gone, f"pid {pid} " + ("exited" if gone else "is still running") + f" after {how}",
                          [{"pid": pid, "gone": gone, "escalated": escalated}])
-        await asyncio.sleep(0.05)
+        # read at once: inject returned once a SIGSTOP had landed, and a SIGCONT wakes before kill() returns
         state = process_states({pid}).get(pid)
         ok = state == "T" if self.p.action == "stop" else state not in (None, "T")
         return Proof(ok, f"pid {pid} is in state {state or 'gone'} after SIG{self.p.action.upper()}",

@@ -32,7 +32,8 @@ class ProcessParams(BaseModel):
     action: Literal["term", "kill", "stop", "cont", "restart"] = Field(
         description="term/kill: signal the group and leave it down until heal; stop/cont: freeze/thaw; "
                     "restart: stop and start again, waiting until healthy")
-    freeze_for: Duration | None = Field(None, description="stop only: thaw after this long instead of at heal")
+    freeze_for: Duration | None = Field(None, description="stop only: thaw this long after every process of the "
+                                           "group is stopped, instead of at heal")
     restart_signal: Literal["term", "kill"] = Field("term", description="restart only: how the old group stops")
     grace: Duration = Field(30.0, description="term/restart: wait this long for the group to exit")
     escalate: bool = Field(True, description="term: SIGKILL what is left after grace, as docker stop and the "
@@ -49,6 +50,34 @@ def process_states(pids: set[int]) -> dict[int, str]:
             continue
         states[pid] = text[text.rfind(")") + 2:].split()[0]
     return states
+
+
+DEAD = ("Z", "X")  # exited (a zombie waits for its parent's wait()): nothing left to freeze or thaw
+# How long a SIGSTOP may take to land. kill() only queues it: each process stops itself the next time
+# it runs, which on a loaded 2-core box was measured up to 0.6 s later, and a process in uninterruptible
+# sleep (D: a page fault on mmap'd weights, a chunk write to the fs L2) only when it leaves that sleep.
+FREEZE_LANDS_WITHIN_S = 10.0
+
+
+def frozen(states: dict[int, str]) -> bool:
+    """Every live process is stopped (T), and there is at least one."""
+    live = [s for s in states.values() if s not in DEAD]
+    return bool(live) and all(s == "T" for s in live)
+
+
+async def until_frozen(pids: set[int], within: float = FREEZE_LANDS_WITHIN_S) -> dict[int, str]:
+    """The states of ``pids`` once every live one is stopped, or when ``within`` has passed.
+
+    The pids are read once, after the SIGSTOP: a stopping group forks no new member (a fork that meets
+    the pending signal is restarted by the kernel). The first read comes before any await, so a group
+    that is already frozen is reported without giving other tasks (a thaw timer) a turn."""
+    deadline = time.monotonic() + within
+    while True:
+        states = process_states(pids)
+        live = [s for s in states.values() if s not in DEAD]
+        if not live or all(s == "T" for s in live) or time.monotonic() >= deadline:  # none left to wait for
+            return states
+        await asyncio.sleep(0.01)
 
 
 def undo(record: dict[str, Any]) -> HealReport:
@@ -86,6 +115,7 @@ class ProcessFault(Injector):
         self.target: dict[str, Any] = {}
         self.injected_at: float | None = None
         self.landing: dict[str, Any] | None = None
+        self.frozen_after_s: float | None = None  # stop: seconds from the SIGSTOP until every process was in T
         self._healed = False
         self._thaw: asyncio.Task | None = None
 
@@ -127,8 +157,15 @@ class ProcessFault(Injector):
         self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
                                 service=self.p.service, signal=sig.name, pgid=svc.pid, landing=self.landing,
                                 service_down=self.p.action in ("term", "kill", "stop"))
-        if self.p.action == "stop" and self.p.freeze_for is not None:
-            self._thaw = asyncio.create_task(self._thaw_later(svc.pid, self.p.freeze_for))
+        if self.p.action == "stop":
+            # the fault is in place when the whole group is stopped, not when the signal is queued: verify
+            # reads that, and freeze_for counts from it (a SIGCONT sent before a SIGSTOP lands cancels it,
+            # so a timer counted from the signal could thaw a group that never froze)
+            members = set(self.target["members"]) | group_members(svc.pid)
+            states = await until_frozen(members)
+            self.frozen_after_s = round(time.time() - self.injected_at, 3) if frozen(states) else None
+            if self.p.freeze_for is not None:
+                self._thaw = asyncio.create_task(self._thaw_later(svc.pid, self.p.freeze_for))
 
     async def _probe_landing(self) -> dict[str, Any] | None:
         """Right after the signal: was a KV store still in flight? (the mid-store question)."""
@@ -139,7 +176,8 @@ class ProcessFault(Injector):
         await asyncio.sleep(after)
         try:
             os.killpg(pgid, signal.SIGCONT)
-            self.ctx.journal.append("fault.thawed", fault_id=self.ctx.fault_id, pgid=pgid, after_s=after)
+            self.ctx.journal.append("fault.thawed", fault_id=self.ctx.fault_id, pgid=pgid, after_s=after,
+                                    frozen_after_s=self.frozen_after_s)
         except ProcessLookupError:
             pass
 
@@ -173,16 +211,21 @@ class ProcessFault(Injector):
                 f"gone {gone_s:.2f}s after {how}" if not left else f"still has pids {sorted(left)} after {how}"),
                 [{"pgid": pgid, "left": sorted(left), "gone_after_s": round(gone_s, 3), "landing": self.landing,
                   "escalated_pids": escalated}])
+        # read at once: inject returned after the SIGSTOP landed (or gave up waiting), and a SIGCONT wakes
+        # the group before kill() returns; no await here, so a freeze_for thaw cannot run before the read
         members = set(self.target["members"]) | group_members(pgid)
-        await asyncio.sleep(0.05)
         states = process_states(members)
+        live = {p: s for p, s in states.items() if s not in DEAD}
+        exited = f" ({len(states) - len(live)} exited, not yet reaped)" if len(live) < len(states) else ""
         if action == "stop":
-            ok = bool(states) and all(s == "T" for s in states.values())
-            summary = f"{self.p.service}: {sum(s == 'T' for s in states.values())}/{len(states)} processes stopped (T)"
+            ok = frozen(states)
+            summary = f"{self.p.service}: {sum(s == 'T' for s in live.values())}/{len(live)} processes stopped (T)"
+            summary += f" {self.frozen_after_s:.2f}s after SIGSTOP" if ok and self.frozen_after_s is not None else ""
         else:
-            ok = bool(states) and all(s != "T" for s in states.values())
-            summary = f"{self.p.service}: {sum(s != 'T' for s in states.values())}/{len(states)} processes running"
-        return Proof(ok, summary, [{"pgid": pgid, "states": states, "landing": self.landing}])
+            ok = bool(live) and all(s != "T" for s in live.values())
+            summary = f"{self.p.service}: {sum(s != 'T' for s in live.values())}/{len(live)} processes running"
+        return Proof(ok, summary + exited, [{"pgid": pgid, "states": states, "landing": self.landing,
+                                             "frozen_after_s": self.frozen_after_s}])
 
     async def _wait_gone(self, pgid: int, within: float) -> set[int]:
         deadline = time.monotonic() + within

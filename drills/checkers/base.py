@@ -40,21 +40,30 @@ class RunView:
     _oracle: dict[int, Event] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        # These indexes are built before any checker runs, outside run_checks' per-checker guard, so a key
+        # a damaged journal made unhashable (a list or object where a fault id was) is left out instead of
+        # raising: the evidence contract answers "error" naming that event for every checker that reads
+        # it, and the checkers that do not read it must still answer.
         self.responses = list(self.history.of_type("response"))
         # the last heal per fault id, as a dict built in journal order keeps it
-        self._healed = {e.data.get("fault_id"): e.ts for e in self.history.of_type("fault.healed")}
+        self._healed = {fid: e.ts for e in self.history.of_type("fault.healed") if _key(fid := e.data.get("fault_id"))}
         injected = list(self.history.of_type("fault.injected"))
-        self._down = [DownWindow(service=e.data.get("service", ""), fault_id=e.data.get("fault_id"), start=e.ts,
-                                 end=self._healed.get(e.data.get("fault_id"), float("inf")), ref=e.ref)
-                      for e in injected if e.data.get("service_down")]
+        self._down = []
+        for e in injected:
+            if e.data.get("service_down"):
+                fid = e.data.get("fault_id")
+                end = self._healed.get(fid, float("inf")) if _key(fid) else float("inf")
+                self._down.append(DownWindow(service=e.data.get("service", ""), fault_id=fid, start=e.ts, end=end,
+                                             ref=e.ref))
         # model-upgrade faults: while one holds, its own baseline answers (oracle_set) are the oracle
         self._oracle_windows = [(fid, e.ts, self._healed.get(fid, float("inf")))
-                                for e in injected if (fid := e.data.get("oracle_set"))]
+                                for e in injected if (fid := e.data.get("oracle_set")) and _key(fid)]
         self._set_answers: dict[tuple[Any, Any], Event] = {}
         if self._oracle_windows:
             for b in self.responses:
-                if b.data.get("oracle_set") and b.data.get("ok"):
-                    self._set_answers.setdefault((b.data["oracle_set"], b.data.get("prompt_id")), b)
+                key = (b.data.get("oracle_set"), b.data.get("prompt_id"))
+                if key[0] and b.data.get("ok") and _key(key[0]) and _key(key[1]):
+                    self._set_answers.setdefault(key, b)
 
     def phase_responses(self, phase: str, target: str = "engine") -> list[Event]:
         return [e for e in self.responses if e.phase == phase and e.data.get("target") == target]
@@ -98,6 +107,11 @@ class RunView:
     def correct(self, response: Event) -> bool:
         ref = self.oracle_for(response)
         return bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+
+
+def _key(value: Any) -> bool:
+    """Usable as a dict key: JSON gives lists and objects, which are not."""
+    return not isinstance(value, (list, dict))
 
 
 @dataclass(frozen=True)

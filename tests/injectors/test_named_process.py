@@ -4,6 +4,8 @@ that now runs something else is never signalled."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from drills.scenario import parse_scenario
 from injectors.base import InjectionContext, InjectionError
 from injectors.named_process import NamedProcessFault, NamedProcessParams, undo
 from injectors.process import process_states
+from tests.process_fixtures import SPAWN_BLOCKED_ON_FIFO, release, wait_for_state
 
 
 @pytest.fixture
@@ -59,6 +62,32 @@ async def test_stop_is_proven_healed_and_the_undo_was_journaled_first(tmp_path, 
     assert report.undone == [f"SIGCONT to pid {other.pid}"]
     assert process_states({other.pid})[other.pid] != "T"
     assert (await inj.heal()).undone == []  # idempotent
+
+
+async def test_a_stop_counts_once_it_has_landed(tmp_path):
+    # a process in uninterruptible sleep (here until the test releases it, 0.3 s in) stops only when the
+    # sleep ends; under load a sleeping one stops only when next scheduled. The proof waits for that.
+    fifo = tmp_path / "release.fifo"
+    os.mkfifo(fifo)
+    script = f"import os, sys, time\nFIFO = sys.argv[1]\n{SPAWN_BLOCKED_ON_FIFO}\ntime.sleep(300)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(fifo)])
+    fds: list[int] = []
+    try:
+        await asyncio.to_thread(wait_for_state, lambda: {proc.pid}, "D")
+        inj, _ = fault(tmp_path, proc.pid, "stop")
+        await inj.plan()
+        asyncio.get_running_loop().call_later(0.3, lambda: fds.append(release(fifo)))
+        await inj.inject()
+        proof = await inj.verify()
+        assert proof.effective, proof.summary  # read before it landed: "pid N is in state D after SIGSTOP"
+        assert fds, "inject returned before the stop landed"
+        await inj.heal()
+    finally:
+        fds.append(release(fifo))
+        proc.kill()
+        proc.wait()
+        for fd in fds:
+            os.close(fd)
 
 
 async def test_kill_is_proven_and_heal_says_it_stays_down(tmp_path, other):

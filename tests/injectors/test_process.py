@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
+import time
 
 import httpx
 import pytest
@@ -14,6 +16,7 @@ from drills.stack.process import ProcessDriver, group_members
 from injectors.base import InjectionContext, InjectionError
 from injectors.process import ProcessFault, ProcessParams, process_states
 from tests.drills.stack.test_process import spec
+from tests.process_fixtures import BLOCKED_SERVICE, release, wait_for_state
 
 
 class TinyStack:
@@ -87,6 +90,57 @@ async def test_freeze_for_thaws_by_itself(stack, tmp_path):
     await asyncio.sleep(0.5)
     assert all(s != "T" for s in process_states(group_members(st.driver.services["svc"].pid)).values())
     assert "fault.thawed" in [e.type for e in read_history(journal.path).events]
+
+
+@pytest.fixture
+async def blocked(tmp_path):
+    """A stack whose service has a member in uninterruptible sleep until the test opens release.fifo."""
+    fifo = tmp_path / "release.fifo"
+    os.mkfifo(fifo)
+    journal = Journal(tmp_path / "run")
+    async with httpx.AsyncClient() as http:
+        driver = ProcessDriver(tmp_path / "run" / "logs", journal)
+        st = TinyStack(driver, http)
+        st.specs["svc"] = spec(tmp_path, script=BLOCKED_SERVICE)
+        await driver.wait_healthy(driver.start(st.specs["svc"]), http)
+        fds: list[int] = []
+        try:
+            yield st, journal, fifo, fds
+        finally:
+            fds.append(release(fifo))  # the spawned process (a group of its own) execs and exits
+            for name in list(driver.services):
+                await driver.stop(name, sig=signal.SIGKILL)
+            for fd in fds:
+                os.close(fd)
+
+
+async def test_a_freeze_counts_once_every_member_is_stopped(blocked, tmp_path):
+    # SIGSTOP lands when a process next runs: under load that was 0.6 s after the signal, and a member in
+    # uninterruptible sleep stops only when the sleep ends (here: when the test releases it, 0.3 s in).
+    # The proof must not be read before that, and freeze_for must count from it: a thaw sent before the
+    # stop lands cancels it, and that member would never have been frozen at all.
+    st, journal, fifo, fds = blocked
+    pgid = st.driver.services["svc"].pid
+    member = await asyncio.to_thread(wait_for_state, lambda: group_members(pgid), "D")
+    inj = injector(st, journal, tmp_path, service="svc", action="stop", freeze_for=0.2)
+    await inj.plan()
+    released: list[float] = []
+
+    def let_go() -> None:
+        fds.append(release(fifo))
+        released.append(time.time())
+
+    asyncio.get_running_loop().call_later(0.3, let_go)
+    await inj.inject()
+    proof = await inj.verify()
+    assert proof.effective, proof.summary  # read before the stop landed: "svc: 1/2 processes stopped (T)"
+    assert released, "inject returned before the freeze landed"
+    assert proof.details[0]["states"][member] == "T" and proof.details[0]["frozen_after_s"] is not None
+    await asyncio.sleep(0.5)
+    assert all(s != "T" for s in process_states(group_members(pgid)).values())
+    [thawed] = read_history(journal.path).of_type("fault.thawed")
+    assert thawed.ts - released[0] >= 0.2  # frozen for all of freeze_for: counted from the landing
+    await inj.heal()
 
 
 async def test_restart_proves_a_new_healthy_group(stack, tmp_path):
