@@ -191,13 +191,7 @@ def continue_(run: str = typer.Argument(..., help="run id (or a unique part of o
               reports_dir: Path = REPORTS) -> None:
     """Game day: let a drill paused at a manual step go on. Exit 0 when it continued, 2 when not (no such
     run, finished, or not paused)."""
-    from drills.gameday.commands import OperatorError, send
-
-    try:
-        done = send(run, "continue", reports_dir=reports_dir)
-    except OperatorError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
+    done = _to_operator_desk(run, "continue", reports_dir=reports_dir)
     typer.echo(f"{done.run_id}: continuing after {done.reply['step']}")
 
 
@@ -206,14 +200,19 @@ def note(run: str = typer.Argument(..., help="run id (or a unique part of one) o
          text: str = typer.Argument(..., help="what the operator saw or did"), reports_dir: Path = REPORTS) -> None:
     """Game day: add an operator note to a running drill's journal (timestamped, shown in its report).
     Exit 0 when the journal has it, 2 when not (no such run, or it has finished)."""
+    done = _to_operator_desk(run, "note", text, reports_dir=reports_dir)
+    typer.echo(f"{done.run_id}: note recorded (journal.jsonl#{done.reply['seq']}, phase {done.reply['phase']})")
+
+
+def _to_operator_desk(run: str, kind: str, *args: str, reports_dir: Path):
+    """Hand a game-day message to the running drill; exit 2 with the reason when it cannot take it."""
     from drills.gameday.commands import OperatorError, send
 
     try:
-        done = send(run, "note", text, reports_dir=reports_dir)
+        return send(run, kind, *args, reports_dir=reports_dir)
     except OperatorError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"{done.run_id}: note recorded (journal.jsonl#{done.reply['seq']}, phase {done.reply['phase']})")
 
 
 @app.command()

@@ -6,14 +6,13 @@ import time
 
 from injectors.process import process_states
 
-# A leader serving /health that forks a stubborn child; the child names a /dev/shm file after its own
-# pid, the way a vLLM worker names lmcache_kv_<pid>_0, and ignores SIGTERM.
-STUBBORN_SERVICE = textwrap.dedent("""
+# A leader serving /health on argv[1] that forks one child; the child runs CHILD, then sleeps forever.
+_SERVICE = textwrap.dedent("""
     import http.server, os, signal, sys, time
     port = int(sys.argv[1])
+    FIFO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "release.fifo")
     if os.fork() == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        open(f"/dev/shm/lmcache_kv_{os.getpid()}_0", "wb").write(b"x" * 4096)
+        CHILD
         while True:
             time.sleep(1)
     class H(http.server.BaseHTTPRequestHandler):
@@ -24,6 +23,11 @@ STUBBORN_SERVICE = textwrap.dedent("""
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
 
+# The stubborn child names a /dev/shm file after its own pid, the way a vLLM worker names
+# lmcache_kv_<pid>_0, and ignores SIGTERM.
+STUBBORN_SERVICE = _SERVICE.replace("CHILD", "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                             "open(f'/dev/shm/lmcache_kv_{os.getpid()}_0', 'wb').write(b'x' * 4096)")
+
 # A process that sits in uninterruptible sleep (D) until someone opens the FIFO: glibc's posix_spawn is a
 # vfork, so the caller waits in the kernel (killable only: a SIGSTOP does not wake it) until the spawned
 # process has done its file actions and exec'd, and its file action here is opening the FIFO for reading.
@@ -33,23 +37,9 @@ STUBBORN_SERVICE = textwrap.dedent("""
 SPAWN_BLOCKED_ON_FIFO = ("os.waitpid(os.posix_spawn(sys.executable, [sys.executable, '-c', ''], {}, file_actions="
                          "[(os.POSIX_SPAWN_OPEN, 0, FIFO, os.O_RDONLY, 0)], setpgroup=0), 0)")
 
-# STUBBORN_SERVICE's shape (a leader serving /health, one forked child), the child blocked as above on
-# release.fifo next to the script until the test releases it
-BLOCKED_SERVICE = textwrap.dedent("""
-    import http.server, os, sys, time
-    port = int(sys.argv[1])
-    FIFO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "release.fifo")
-    if os.fork() == 0:
-        %s
-        while True:
-            time.sleep(1)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-        def log_message(self, *a):
-            pass
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-""") % SPAWN_BLOCKED_ON_FIFO
+# the same service, its child blocked as above on release.fifo next to the script until the test
+# releases it
+BLOCKED_SERVICE = _SERVICE.replace("CHILD", SPAWN_BLOCKED_ON_FIFO)
 
 
 def release(fifo) -> int:

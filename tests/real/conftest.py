@@ -112,3 +112,10 @@ def run_kvdrill(args: list[str], timeout: float) -> subprocess.CompletedProcess:
             proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.fixture()
+def own_registry(tmp_path, monkeypatch):
+    """A registry only this test's drill is in: `kvdrill abort`, `continue` or `note` must never reach
+    anyone else's."""
+    monkeypatch.setenv("KVDRILL_STATE_DIR", str(tmp_path / "state"))

@@ -32,12 +32,6 @@ def kvdrill(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(KVDRILL), *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.fixture()
-def own_registry(tmp_path, monkeypatch):
-    """A registry only this test's drill is in: `kvdrill continue` must never reach anyone else's."""
-    monkeypatch.setenv("KVDRILL_STATE_DIR", str(tmp_path / "state"))
-
-
 def test_game_day_pauses_are_answered_and_notes_land_in_journal_and_reports(own_registry):
     reports = ARTIFACTS / "gameday"
     reports.mkdir(parents=True, exist_ok=True)

@@ -32,12 +32,6 @@ def first(history, type_):
     return next(e for e in history if e["type"] == type_)
 
 
-@pytest.fixture()
-def own_registry(tmp_path, monkeypatch):
-    """A registry only this test's drill is in: `kvdrill abort` must never reach anyone else's."""
-    monkeypatch.setenv("KVDRILL_STATE_DIR", str(tmp_path / "state"))
-
-
 def test_kvdrill_abort_stops_chaos_within_a_second_and_heals(own_registry):
     reports = ARTIFACTS / "kill-switch"
     reports.mkdir(parents=True, exist_ok=True)
