@@ -184,7 +184,8 @@ def expand(path: Path) -> list[Variant]:
                                     "chaos.actions are none of the tiers' ([], [restart_engine], [clear_l1, "
                                     "restart_engine]), so varying tier would change more than one thing"))
             continue
-        for i, value in enumerate(values):
+        for i, raw in enumerate(values):
+            value = doc_value(raw)
             if value == current or any(v.variable == var and v.value == value for v in variants):
                 continue  # the base already is this variant (or it is listed twice)
             doc = copy.deepcopy(base)
@@ -224,14 +225,24 @@ def _validate(doc: dict[str, Any], node: Any, prefix: str, problems: list[Proble
 def _validate_variant(doc: dict[str, Any], base_node: Any, var: str, index: int, tree: Any,
                       problems: list[Problem]) -> LoadedScenario | None:
     """A variant's problems: those the varied value causes, at the value's own line in matrix.vary."""
-    found: list[Problem] = []
-    loaded = _validate(doc, base_node, "", found)
-    if loaded is not None:
-        return loaded
-    line = _line(tree, ("matrix", "vary", var, index))
-    value = tree["matrix"]["vary"][var][index]
-    for p in found:
-        # the base alone validated, so whatever fails now is the varied value (or what it implies)
-        problems.append(Problem(line, f"matrix.vary.{var}[{index}]", f"{value!r}: {p.key}: {p.message}"))
-    return None
+    try:
+        scenario = Scenario.model_validate(doc)
+    except ValidationError as exc:
+        line = _line(tree, ("matrix", "vary", var, index))
+        value = doc_value(tree["matrix"]["vary"][var][index])
+        for err in exc.errors():
+            # the base alone validated, so whatever fails now is the varied value (or what it implies); the
+            # key is pydantic's own path: the variant's keys need not exist in the base's YAML
+            key = ".".join(str(x) for x in err["loc"])
+            problems.append(Problem(line, f"matrix.vary.{var}[{index}]",
+                                    f"{value!r}: {key}: {_problem(err, base_node, (), Scenario).message}"))
+        return None
+    # faults cannot be varied: the variant's are the base's, validated (with their lines) above
+    checked = _validate(doc, base_node, "", [])
+    return LoadedScenario(path=Path(), scenario=scenario, fault_params=checked.fault_params if checked else [])
+
+
+def doc_value(value: Any) -> Any:
+    """Builtin types only: the YAML reader's int and float subclasses do not dump back."""
+    return json.loads(json.dumps(value))
 

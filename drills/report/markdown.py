@@ -8,8 +8,8 @@ from drills.gameday.steps import markdown_section as human_section
 from drills.journal import History
 from drills.report.first_repeat_md import first_repeat_section
 from drills.report.record import cell_text, flatten, why_missing
-from drills.report.tiers import markdown_section as tiers_section
 from drills.report.stopped import markdown_section as stopped_section
+from drills.report.tiers import markdown_section as tiers_section
 
 
 def headline(doc: dict[str, Any]) -> str:
