@@ -195,3 +195,37 @@ def test_suite_index_and_files_carry_the_matrix_table(tmp_path):
     assert [r["variant"] for r in doc["rows"]] == [e.variant.name for e in entries]
     assert doc["rows"][5]["TTFT p50 s"] == pytest.approx(0.6)
     assert (outcome.suite_dir / "matrix.csv").read_text().count("\n") == 7
+
+
+async def test_run_suite_runs_each_variant_from_its_own_file_and_tabulates(tmp_path, monkeypatch):
+    """The whole suite path with a stand-in runner (no stack): every variant's runner gets the variant's
+    own scenario file, and index.md / matrix.json are built from the record.json each run wrote."""
+    import drills.runner
+    from drills import active
+    from drills.runner import Outcome
+    from drills.suite import run_suite
+
+    monkeypatch.setenv(active.ENV, str(tmp_path / "state"))
+    seen: list[tuple[str, str]] = []
+
+    class StandIn:
+        def __init__(self, loaded, reports_dir, *, console=None, pool=None, allow_targets=()):
+            self.loaded = loaded
+            self.run_id = loaded.scenario.name
+            self.run_dir, self.reused_from = reports_dir / self.run_id, []
+
+        async def run(self) -> Outcome:
+            seen.append((self.run_id, load_scenario(self.loaded.path).scenario.name))
+            self.run_dir.mkdir(parents=True)
+            ttft = float(self.loaded.scenario.workload.concurrency)
+            (self.run_dir / "record.json").write_text(json.dumps(record(1.0, ttft, 0.0, 512.0)))
+            return Outcome(self.run_id, self.run_dir, "pass", "every check passed", exit_code=0)
+
+    monkeypatch.setattr(drills.runner, "Runner", StandIn)
+    entries, _ = load_all([SMALL])
+    outcome = await run_suite(entries, tmp_path / "reports")
+    assert outcome.exit_code == 0
+    assert all(run_id == name for run_id, name in seen) and len(seen) == 6  # each ran its own variant file
+    rows = {r["variant"]: r for r in json.loads((outcome.suite_dir / "matrix.json").read_text())["rows"]}
+    assert rows["matrix-small--concurrency-2"]["TTFT p50 s"] == 2.0 and rows["matrix-small--base"]["TTFT p50 s"] == 1.0
+    assert "| matrix-small--concurrency-2 | workload.concurrency | 2 | PASS |" in (outcome.suite_dir / "index.md").read_text()
