@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from drills.checkers.base import RunView
@@ -129,3 +131,36 @@ def test_record_and_report_carry_the_same_table(tmp_path):
     section = "\n".join(tiers.markdown_section(record))
     assert "| chaos | 2048 | 0 | — | — | 1024 | L1 ?, L2 ?, recomputed 1024 | 512 / 1024 |" in section
     assert "- chaos: LMCache's lookups hit 512 tokens in L1" in section
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "journals"
+
+
+def recorded(name: str) -> tuple[dict, dict]:
+    missing: dict[str, str] = {}
+    return tiers.for_record(RunView(read_history(FIXTURES / name)), missing), missing
+
+
+def test_recorded_sandbox_runs_add_up_and_split_only_when_decided():
+    """Journals of real sandbox runs: every phase adds up to vLLM's prompt tokens and to its per-request
+    cached tokens; the aesgcm twin's recovery (L1 cleared, engine restarted) is exactly L2; the flagship's
+    chaos phase, where LMCache's lookups claim both tiers beyond what was loaded, is not split."""
+    twin, _ = recorded("flagship-aesgcm-pass.jsonl")
+    flagship, missing = recorded("flagship-fail.jsonl")
+    for row in [*twin.values(), *flagship.values()]:
+        assert row["apc_tokens"] + row["connector_tokens"] + row["recomputed_tokens"] == row["prompt_tokens"]
+        assert row["apc_tokens"] + row["connector_tokens"] == row["vllm_cached_tokens_per_request"]
+    rec = twin["recovery"]
+    assert (rec["apc_tokens"], rec["lmcache_l1_tokens"], rec["lmcache_l2_tokens"], rec["recomputed_tokens"]) == (
+        2304, 0, 1792, 512)
+    assert twin["steady"]["connector_tokens"] == 0 and twin["steady"]["apc_tokens"] == 4096  # APC served the hot read
+    chaos = flagship["chaos"]
+    assert chaos["lmcache_l1_tokens"] is None and chaos["connector_tokens"] == 2560
+    assert (chaos["lmcache_l1_lookup_hit_tokens"], chaos["lmcache_l2_lookup_hit_tokens"]) == (768, 3328)
+    assert "cannot be told apart" in missing["tiers.chaos.lmcache_l1_tokens"]
+
+
+def test_recorded_mooncake_run_has_no_tier_split():
+    rows, missing = recorded("engine-freeze-mooncake-pass.jsonl")
+    assert rows["steady"]["connector_tokens"] == 2046 and rows["steady"]["lmcache_l2_tokens"] is None
+    assert "no per-tier lookup counters" in missing["tiers.steady.lmcache_l2_tokens"]

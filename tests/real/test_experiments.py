@@ -77,8 +77,15 @@ def test_tier_attribution_names_the_tier_each_read_was_forced_onto(experiments):
     assert t["steady"]["apc_tokens"] > 0
     # after restart_engine APC was empty: LMCache L1 served the first send of each prefix
     assert t["chaos"]["lmcache_l1_tokens"] > 0 and t["chaos"]["lmcache_l2_tokens"] == 0
-    # after clear_l1 + restart_engine only the fs L2 had the chunks
-    assert t["recovery"]["lmcache_l2_tokens"] > 0 and t["recovery"]["lmcache_l1_tokens"] == 0
+    # after clear_l1 + restart_engine only the fs L2 had the chunks. A chunk one prompt prefetched from L2
+    # into L1 can be a later prompt's L1 hit (the recorded flagship run shows it): then the split is
+    # null with its reason, never guessed
+    r = t["recovery"]
+    assert r["lmcache_l2_lookup_hit_tokens"] > 0
+    if r["lmcache_l2_tokens"] is None:
+        assert "cannot be told apart" in record["missing"]["tiers.recovery.lmcache_l2_tokens"]
+    else:
+        assert r["lmcache_l2_tokens"] > 0 and r["lmcache_l1_tokens"] + r["lmcache_l2_tokens"] == r["connector_tokens"]
     report = (restart_dir / "report.md").read_text()
     assert "## Tier attribution" in report
     for line in tiers.markdown_section(record):
@@ -103,6 +110,7 @@ def test_the_matrix_table_matches_every_variants_record(experiments):
         assert row["verdict"] == record["verdict"] == "pass"
     assert _record(suite_dir / rows["matrix-small--chunk_size-512"]["run_id"])["chunk_size"] == 512
     assert rows["matrix-small--base"]["APC tok"] > 0  # tier apc: the hot read came from vLLM's prefix cache
-    assert rows["matrix-small--tier-l2"]["L2 tok"] > 0  # tier l2: APC and L1 emptied first
-    assert rows["matrix-small--tier-l2"]["L1 tok"] == 0
+    l2 = _record(suite_dir / rows["matrix-small--tier-l2"]["run_id"])["tiers"]["chaos"]
+    assert l2["lmcache_l2_lookup_hit_tokens"] > 0  # tier l2: APC and L1 emptied first
+    assert rows["matrix-small--tier-l2"]["L2 tok"] is None or rows["matrix-small--tier-l2"]["L2 tok"] > 0
     assert f"{runs['matrix-small.yaml#matrix-small--base'].name}" == rows["matrix-small--base"]["run_id"]
