@@ -64,10 +64,25 @@ def split_loaded(loaded: float, l1_claim: float, l2_claim: float) -> tuple[float
 
 
 def phase_tiers(view: RunView, phase: str) -> dict[str, Any] | None:
-    """One phase's attribution (None: fewer than two metrics snapshots, i.e. no traffic window)."""
+    """One phase's attribution (None: fewer than two metrics snapshots, i.e. no traffic window). Every
+    null has its reason in ``missing``."""
     points = view.metric_points(phase)
     if len(points) < 2:
         return None
+    out = _phase(view, phase, points)
+    missing = out["missing"]
+    if out["vllm_cached_tokens_per_request"] is None:
+        missing["vllm_cached_tokens_per_request"] = ("no answered request of this phase reports "
+                                                     "usage.prompt_tokens_details.cached_tokens")
+    first_reason = next(iter(missing.values()), "")
+    for key, value in out.items():
+        if value is None and key not in missing:
+            missing[key] = (missing.get("lmcache_l1_tokens", first_reason) if "lookup" in key else
+                            missing.get("apc_tokens", first_reason))
+    return out
+
+
+def _phase(view: RunView, phase: str, points: list[Any]) -> dict[str, Any]:
     first, last = points[0].data, points[-1].data
     eb, ea = first.get("engine", {}), last.get("engine", {})
     lb, la = first.get("lmcache", {}), last.get("lmcache", {})
@@ -101,10 +116,11 @@ def phase_tiers(view: RunView, phase: str) -> dict[str, Any] | None:
     if not (_has(la, L1_CLAIM) and _has(la, L2_CLAIM)):
         why = ("LMCache exports no per-tier lookup counters in this stack (LMCache in-process, e.g. "
                "sandbox-mooncake): the connector-loaded tokens are in connector_tokens, unsplit")
-        missing["lmcache_l1_tokens"] = missing["lmcache_l2_tokens"] = why
-        if loaded == 0:
+        missing["lmcache_l1_lookup_hit_tokens"] = missing["lmcache_l2_lookup_hit_tokens"] = why
+        if loaded == 0:  # nothing was loaded, so nothing came from either tier
             out["lmcache_l1_tokens"] = out["lmcache_l2_tokens"] = 0.0
-            missing.clear()
+        else:
+            missing["lmcache_l1_tokens"] = missing["lmcache_l2_tokens"] = why
         return out
     l1c, l2c = total(la, L1_CLAIM) - total(lb, L1_CLAIM), total(la, L2_CLAIM) - total(lb, L2_CLAIM)
     out["lmcache_l1_lookup_hit_tokens"], out["lmcache_l2_lookup_hit_tokens"] = l1c, l2c

@@ -164,3 +164,13 @@ def test_recorded_mooncake_run_has_no_tier_split():
     rows, missing = recorded("engine-freeze-mooncake-pass.jsonl")
     assert rows["steady"]["connector_tokens"] == 2046 and rows["steady"]["lmcache_l2_tokens"] is None
     assert "no per-tier lookup counters" in missing["tiers.steady.lmcache_l2_tokens"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.jsonl")))
+def test_every_null_tier_field_says_why(name):
+    from drills.report.record import flatten, why_missing
+
+    doc = {"run_id": "r", "verdict": "pass", "exit_code": 0, "reason": "", "checks": []}
+    rec = run_record(doc, read_history(FIXTURES / name))
+    assert rec["tiers"]
+    assert [k for k, v in flatten(rec["tiers"], "tiers") if v is None and not why_missing(rec, k)] == []
