@@ -103,13 +103,14 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
     out = ["", f"## Matrix `{rows[0]['matrix']}`: one variable at a time", "",
            f"Hot read = the `{HOT}` phase after the cold write (`warm`); every cell is from the variant's "
            "record.json (also `matrix.csv`, `matrix.json`). `—`: not measurable, reasons below.", "",
-           "| variant | varied | value | verdict | " + " | ".join(c for c, _ in COLUMNS) + " |",
-           "|---" * (4 + len(COLUMNS)) + "|"]
+           "| variant | varied | value | verdict | " + " | ".join(c for c, _ in COLUMNS) + " | report |",
+           "|---" * (5 + len(COLUMNS)) + "|"]
     notes = []
     for r in rows:
         value = "—" if r["varied"] == "(base)" else str(r["value"])
+        report = f"[report]({r['run_id']}/report.md)" if r["run_id"] else "—"
         out.append(f"| {r['variant']} | {r['varied']} | {value} | {r['verdict'].upper()} | "
-                   + " | ".join(_cell(c, r[c]) for c, _ in COLUMNS) + " |")
+                   + " | ".join(_cell(c, r[c]) for c, _ in COLUMNS) + f" | {report} |")
         notes += [f"- {r['variant']}: {c}: {why}" for c, why in r["missing"].items()]
     return out + (["", "Null cells:", *notes] if notes else [])
 

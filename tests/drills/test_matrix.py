@@ -170,7 +170,7 @@ def test_table_rows_come_from_each_variants_record(tmp_path):
     assert rows[1]["missing"]["L2 tok"] == "not in record.json"
     assert rows[2]["missing"]["TTFT p50 s"] == "the variant did not run"
     md = "\n".join(matrix_table.markdown(rows))
-    assert "| m--base | (base) | — | PASS | 100% | 100% | 50% | 0.400 | 0.800 | 2.500 | 768 | 0 | 0 | 256 | 0 | 0 |" in md
+    assert "| m--base | (base) | — | PASS | 100% | 100% | 50% | 0.400 | 0.800 | 2.500 | 768 | 0 | 0 | 256 | 0 | 0 | [report](2026-m--base/report.md) |" in md
     assert "| m--tier-l2 | tier | l2 | PASS | — | 100% |" in md
     assert "- m--tier-l2: APC tok: window spans a restart" in md
     parsed = list(csv.DictReader(io.StringIO(matrix_table.csv_text(rows))))
