@@ -68,7 +68,11 @@ def test_tier_attribution_names_the_tier_each_read_was_forced_onto(experiments):
     _, _, runs = experiments
     cold = _record(runs["cold-write-hot-read.yaml"])["tiers"]
     assert cold["warm"]["recomputed_tokens"] > 0  # the cold write prefilled
-    assert cold["steady"]["apc_tokens"] > 0 and cold["steady"]["connector_tokens"] == 0  # APC served the hot read
+    # APC served the hot read, all but each prompt's last block: vLLM recomputes at least the last token, so
+    # that block's other tokens come through the connector (from L1: nothing was evicted)
+    steady = cold["steady"]
+    assert steady["apc_tokens"] > steady["connector_tokens"] > 0 and steady["lmcache_l2_tokens"] == 0
+    _consistent(steady)
     restart_dir = runs["hot-read-after-engine-restart.yaml"]
     record = _record(restart_dir)
     t = record["tiers"]
