@@ -22,6 +22,11 @@ REPORTS = typer.Option(Path("reports"), "--reports-dir", help="where run directo
 
 
 def _load(path: Path):
+    from drills.matrix import is_matrix_file
+
+    if is_matrix_file(path):
+        typer.echo(f"{path} is a matrix file: run its variants with `kvdrill suite {path}`", err=True)
+        raise typer.Exit(2)
     try:
         return load_scenario(path)
     except ScenarioError as exc:
@@ -32,9 +37,15 @@ def _load(path: Path):
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")) -> None:
     """Check scenario files against the schema and the installed injectors; no side effects."""
+    from drills.matrix import expand, is_matrix_file
+
     bad = 0
     for f in files:
         try:
+            if is_matrix_file(f):
+                names = [v.name for v in expand(f)]
+                typer.echo(f"{f}: ok (matrix: {len(names)} variants: {', '.join(names)})")
+                continue
             loaded = load_scenario(f)
         except ScenarioError as exc:
             bad += 1

@@ -24,6 +24,8 @@ from rich.console import Console
 
 from drills import active, stop
 from drills.journal import Journal
+from drills.matrix import Variant, expand, is_matrix_file
+from drills.report import matrix_table
 from drills.scenario import LoadedScenario, ScenarioError, load_scenario
 from drills.stack.pool import StackPool, stack_key
 
@@ -42,6 +44,7 @@ class SuiteEntry:
     expectation: dict[str, Any] | None = None
     stack: str = ""  # "fresh" or "reused from <run>"
     took_s: float = 0.0
+    variant: Variant | None = None  # a matrix file's variant (drills/matrix.py)
 
 
 @dataclass
@@ -77,10 +80,24 @@ def load_all(files: list[Path]) -> tuple[list[SuiteEntry], list[str]]:
     entries, invalid = [], []
     for f in files:
         try:
-            entries.append(SuiteEntry(path=f, loaded=load_scenario(f)))
+            if is_matrix_file(f):  # one entry per variant; `path` names the variant after a '#'
+                entries += [SuiteEntry(path=Path(f"{f}#{v.name}"), loaded=v.loaded, variant=v) for v in expand(f)]
+            else:
+                entries.append(SuiteEntry(path=f, loaded=load_scenario(f)))
         except ScenarioError as exc:
             invalid.append(exc.render())
     return entries, invalid
+
+
+def _write_variants(entries: list[SuiteEntry], suite_dir: Path) -> None:
+    """Each matrix variant as a scenario file of its own, so its run's scenario.yaml (what `analyze` and
+    `replay` read) is the variant, not the matrix."""
+    for e in entries:
+        if e.variant is not None:
+            target = suite_dir / "variants" / f"{e.variant.name}.yaml"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(e.variant.yaml_text(Path(str(e.path).split("#")[0])))
+            e.loaded.path = target
 
 
 def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
@@ -112,6 +129,7 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
     registration = active.register(suite_dir.name, "suite", suite_dir)
     outcome = SuiteOutcome(suite_dir=suite_dir, entries=order_for_reuse(entries))
     journal.append("suite.started", scenarios=[str(e.path) for e in outcome.entries], fail_fast=fail_fast)
+    _write_variants(outcome.entries, suite_dir)
     pool = StackPool(root=suite_dir, journal=journal)
     try:
         for n, entry in enumerate(outcome.entries, start=1):
@@ -197,11 +215,28 @@ def index_markdown(outcome: SuiteOutcome) -> str:
         report = f"[report]({e.run_dir.name}/report.md)" if e.run_dir and e.exit_code is not None else "—"
         lines.append(f"| `{e.path}` | {e.verdict.upper()} | {expected} | {'' if e.exit_code is None else e.exit_code} "
                      f"| {held} | {e.stack or '—'} | {e.took_s:.0f}s | {report} |")
+    for rows in matrix_rows(outcome).values():
+        lines += matrix_table.markdown(rows)
     lines += ["", "Suite journal: `journal.jsonl`; aggregate `junit.xml`.", ""]
     return "\n".join(lines)
+
+
+def matrix_rows(outcome: SuiteOutcome) -> dict[str, list[dict[str, Any]]]:
+    """The comparison rows of each matrix in the suite, from its variants' record.json files."""
+    runs: dict[str, list[matrix_table.MatrixRun]] = {}
+    for e in outcome.entries:
+        if e.variant is not None:
+            matrix = e.variant.matrix
+            runs.setdefault(matrix, []).append(matrix_table.MatrixRun(
+                matrix, e.variant.name, e.variant.variable, e.variant.value, e.verdict,
+                e.run_dir if e.exit_code is not None else None))
+    return {m: matrix_table.build(r) for m, r in runs.items()}
 
 
 def write_index(outcome: SuiteOutcome) -> None:
     outcome.suite_dir.mkdir(parents=True, exist_ok=True)
     (outcome.suite_dir / "index.md").write_text(index_markdown(outcome))
     (outcome.suite_dir / "junit.xml").write_text(junit_xml(outcome))
+    rows = [r for m in matrix_rows(outcome).values() for r in m]
+    if rows:
+        matrix_table.write(outcome.suite_dir, rows)

@@ -9,6 +9,7 @@ from drills.journal import History
 from drills.report.first_repeat_md import first_repeat_section
 from drills.report.record import cell_text, flatten, why_missing
 from drills.report.stopped import markdown_section as stopped_section
+from drills.report.tiers import markdown_section as tiers_section
 
 
 def headline(doc: dict[str, Any]) -> str:
@@ -118,6 +119,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
     for e in history.of_type("phase.finished"):
         out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")
     if record is not None:
+        out += tiers_section(record)
         out += _record_section(record)
     out += ["", "## Evidence on disk", "", "- `journal.jsonl` — every request, response, fault, proof and metric "
             "snapshot (`journal.jsonl#N` is line N)", "- `logs/` — per-service logs (LMCache server, engine, baseline)",

@@ -20,6 +20,7 @@ from drills.checkers.slo import percentiles, phase_latency
 from drills.gameday.steps import summary as human_summary
 from drills.journal import History
 from drills.observe.prom import total
+from drills.report import tiers
 from drills.report.jsontext import dumps_indented
 from drills.scenario import SloCheck
 
@@ -82,6 +83,7 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
         "concurrency": (model.get("workload") or {}).get("concurrency"),
         "cache": _cache(view, gaps),
         "first_vs_repeat": _first_vs_repeat(view, gaps),
+        "tiers": tiers.for_record(view, gaps.missing),  # APC / L1 / L2 / recomputed per phase (report/tiers.py)
         "latency": _latency(view, gaps),
         "errors": _errors(view, checks),
         "transferred": _transferred(view, gaps),

@@ -11,10 +11,12 @@ from typer.testing import CliRunner
 
 from drills import dryrun, seeds
 from drills.cli import app
+from drills.matrix import is_matrix_file
 from drills.scenario import load_scenario, parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
-CATALOGUE = sorted((REPO / "scenarios").rglob("*.yaml"))
+# matrix files (scenarios/experiments/) expand into scenarios: tests/drills/test_matrix.py covers them
+CATALOGUE = sorted(p for p in (REPO / "scenarios").rglob("*.yaml") if not is_matrix_file(p))
 REFUSED = REPO / "tests" / "fixtures" / "scenarios" / "refused-outside-host.yaml"
 FLAGSHIP = REPO / "scenarios" / "flagship" / "hit-rate-is-not-correctness.yaml"
 

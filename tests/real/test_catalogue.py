@@ -19,13 +19,14 @@ from .workload_checks import check_open_loop_share_run
 pytestmark = pytest.mark.real
 
 # Every scenario of the catalogue except the flagship pair and the game days (tests/real/test_flagship.py runs those
-# through `kvdrill run`, the command a user types first). `make test` leaves out the five row-5 replays
+# through `kvdrill run`, the command a user types first), and the seed experiments (tests/real/test_experiments.py
+# runs them as one suite). `make test` leaves out the five row-5 replays
 # (lmcache-4533-*: about 15 minutes, two engine restarts each) to stay inside CI's limit on two cores:
 # every kv_corrupt mode they use is exercised on real chunk files by test_sandbox_kv_corrupt.py and the
 # flagship pair; `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all of them.
 FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
 SCENARIOS = sorted(p.relative_to(REPO / "scenarios").as_posix() for p in (REPO / "scenarios").rglob("*.yaml")
-                   if p.parent.name not in ("flagship", "gameday")  # gameday/ waits for an operator:
+                   if p.parent.name not in ("flagship", "gameday", "experiments")  # gameday/ waits for an operator:
                    and (FULL or not p.name.startswith("lmcache-4533-")))  # tests/real/test_gameday.py answers it
 
 
