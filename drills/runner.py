@@ -174,6 +174,7 @@ class Runner:
             return self._finish(verdict, reason, results)
         finally:
             switch.journal = None
+            DESK.detach(self.run_id)  # again, for a run that never reached _finish: a suite routes by it
             active.unregister(entry)
 
     # --- phases --------------------------------------------------------------------------------------
