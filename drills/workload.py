@@ -300,21 +300,28 @@ async def _open_loop(send: _Sender, prompts: PromptSet, arrival: PoissonArrival,
     slots = asyncio.Semaphore(arrival.max_outstanding)
     start = loop.time()
     clock0 = time.perf_counter() - start  # loop.time() -> perf_counter(): both monotonic, same process
-    tasks = []
-    for prompt, offset in zip(prompts, offsets):
-        delay = start + offset - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if slots.locked():
-            send.journal.append("workload.outstanding_cap", target=send.target, wave=send.wave, prompt_id=prompt.id,
-                                cap=arrival.max_outstanding, scheduled_s=round(offset, 4),
-                                behind_s=round(loop.time() - start - offset, 4))
-        await slots.acquire()
-        scheduled = clock0 + start + offset
-        task = asyncio.create_task(send(prompt, _Schedule(at=scheduled, offset=offset)))
-        task.add_done_callback(lambda _t: slots.release())
-        tasks.append(task)
-    return list(await asyncio.gather(*tasks))
+    tasks: list[asyncio.Task[Response]] = []
+    try:
+        for prompt, offset in zip(prompts, offsets):
+            delay = start + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if slots.locked():
+                send.journal.append("workload.outstanding_cap", target=send.target, wave=send.wave,
+                                    prompt_id=prompt.id, cap=arrival.max_outstanding, scheduled_s=round(offset, 4),
+                                    behind_s=round(loop.time() - start - offset, 4))
+            await slots.acquire()
+            scheduled = clock0 + start + offset
+            task = asyncio.create_task(send(prompt, _Schedule(at=scheduled, offset=offset)))
+            task.add_done_callback(lambda _t: slots.release())
+            tasks.append(task)
+        return list(await asyncio.gather(*tasks))
+    except asyncio.CancelledError:
+        # an abort mid-wave: requests already in flight must not outlive the drill into heal
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 @dataclass(frozen=True)

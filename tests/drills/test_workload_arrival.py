@@ -88,6 +88,18 @@ async def test_open_loop_does_not_wait_for_answers_below_the_cap(tmp_path):
     assert not list(read_history(journal.path).of_type("workload.outstanding_cap"))
 
 
+async def test_cancelling_an_open_loop_wave_cancels_the_requests_in_flight(tmp_path):
+    spec = WorkloadSpec(prompts=8, arrival={"mode": "poisson", "rate": 400, "max_outstanding": 8})
+    engine = SlowEngine(30.0)
+    wave = asyncio.create_task(send_wave(engine, prompts(8), spec, Journal(tmp_path), target="engine", wave=1))
+    while engine.in_flight < 2:
+        await asyncio.sleep(0.01)
+    wave.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await wave
+    assert engine.in_flight == 0  # nothing sent by an aborted drill keeps running into its heal
+
+
 async def test_closed_loop_requests_carry_no_schedule(tmp_path):
     journal = Journal(tmp_path)
     await send_wave(SlowEngine(0.0), prompts(3), WorkloadSpec(prompts=3), journal, target="engine", wave=1)
