@@ -84,6 +84,7 @@ def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.Asy
                                segment_size=spec.mooncake.segment_size, client_ttl=spec.mooncake.client_ttl,
                                kv_cache_space_gb=spec.engine.kv_cache_space_gb, max_model_len=spec.engine.max_model_len,
                                startup_deadline=spec.engine.startup_deadline,
+                               shutdown_timeout=spec.engine.shutdown_timeout,
                                transfer_timeout=spec.mooncake.transfer_timeout)
         return MooncakeStack(opts, run_dir, journal, http)
     return SandboxStack(spec, run_dir, journal, http)

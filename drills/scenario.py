@@ -88,6 +88,10 @@ class EngineOptions(_Strict):
     kv_cache_space_gb: int = Field(1, ge=1, le=8, description="VLLM_CPU_KVCACHE_SPACE")
     max_model_len: int = Field(4096, ge=512, le=8192)
     startup_deadline: Duration = 240.0
+    shutdown_timeout: int = Field(
+        5, ge=0, le=120, description="vLLM's --shutdown-timeout when kvdrill stops the engine: >0 drains and lets "
+                                     "LMCache's connector unregister; 0 (vLLM's own default) aborts and force-kills "
+                                     "EngineCore at once, which cuts the unregister short")
 
 
 class MooncakeSpec(_Strict):

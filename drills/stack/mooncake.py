@@ -52,6 +52,7 @@ class MooncakeOptions:
     client_ttl: int = 3  # seconds until the master expires a dead contributor
     kv_cache_space_gb: int = 1
     max_model_len: int = 4096
+    shutdown_timeout: int = 5  # vLLM's --shutdown-timeout (0: vLLM's default, abort on SIGTERM)
     startup_deadline: float = 240.0
     transfer_timeout: int = 2  # LMCache's mooncakestore transfer_timeout (s)
 
@@ -156,6 +157,7 @@ class MooncakeStack(ProcessStack):
             **{f"port_{k}": v for k, v in self.ports.items()},
             "client_ttl": opts.client_ttl, "segment_size": opts.segment_size,
             "kv_cache_space_gb": opts.kv_cache_space_gb, "max_model_len": opts.max_model_len,
+            "shutdown_timeout": opts.shutdown_timeout,
             "prefix_caching_flag": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{opts.startup_deadline}s",
         }

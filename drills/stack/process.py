@@ -40,6 +40,10 @@ class ServiceSpec:
     startup_deadline: float
     depends_on: list[str] = field(default_factory=list)
     netns: str | None = None  # network namespace to run in (``ip netns exec`` execs, so the pid stays the service's)
+    # a stop signals the leader alone first, as docker stop and kubelet do, so a service that shuts
+    # its own children down (vLLM's API server and EngineCore) does it in its order; the group gets
+    # the signal only once the leader is gone
+    stop_leader_first: bool = False
 
     @property
     def command(self) -> list[str]:
@@ -122,14 +126,29 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 async def terminate_group(pgid: int, sig: int = signal.SIGTERM, grace: float = 30.0,
-                          poll: Callable[[], object] | None = None) -> list[str]:
-    """Signal a whole process group, wait up to ``grace`` for it to empty, then SIGKILL what is left."""
+                          poll: Callable[[], object] | None = None, leader_first: bool = False) -> list[str]:
+    """Signal a whole process group, wait up to ``grace`` for it to empty, then SIGKILL what is left.
+
+    ``leader_first``: signal only the group leader (pid ``pgid``), and the rest of the group once the
+    leader has exited (or after half the grace), all within the same ``grace``."""
     sent = [signal.Signals(sig).name]
+    deadline = time.monotonic() + grace
+    if leader_first:
+        try:
+            os.kill(pgid, sig)
+        except ProcessLookupError:
+            pass
+        half = time.monotonic() + grace / 2
+        while time.monotonic() < half and _alive(pgid, poll):
+            await asyncio.sleep(0.2)
+        sent[0] = f"{sent[0]} (leader)"
+        if not group_members(pgid):
+            return sent
+        sent.append(signal.Signals(sig).name)
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return sent
-    deadline = time.monotonic() + grace
     while group_members(pgid) and time.monotonic() < deadline:
         if poll:
             poll()
@@ -145,6 +164,17 @@ async def terminate_group(pgid: int, sig: int = signal.SIGTERM, grace: float = 3
                 poll()
             await asyncio.sleep(0.1)
     return sent
+
+
+def _alive(pid: int, poll: Callable[[], object] | None) -> bool:
+    """Whether ``pid`` still runs (``poll`` reaps it first when it is our child, so a zombie counts as gone)."""
+    if poll:
+        poll()
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def shm_inodes_in_use() -> set[int]:
@@ -289,7 +319,8 @@ class ProcessDriver:
             return
         svc.stopping = True
         members = svc.members | group_members(svc.pid) | {svc.pid}
-        sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
+        sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll,
+                                     leader_first=svc.spec.stop_leader_first and sig == signal.SIGTERM)
         svc.popen.wait()
         cleaned = remove_shm_of(members, self.shm_before)
         del self.services[name]

@@ -63,6 +63,7 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
             startup_deadline=parse_duration(fmt(raw.get("startup_deadline", "120s"))),
             depends_on=list(raw.get("depends_on") or []),
             netns=str(variables["netns"]) if raw.get("netns") else None,
+            stop_leader_first=raw.get("stop", "group") == "leader",
         )
     return specs
 
@@ -187,6 +188,7 @@ class SandboxStack(ProcessStack):
             "supported_transfer_mode": "lmcache_driven" if lm.transfer_mode == "lmcache_driven" else "auto",
             "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
             "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
+            "shutdown_timeout": eng.shutdown_timeout,
             "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False else "--no-enable-prefix-caching",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -60,3 +61,51 @@ async def test_health_deadline(tmp_path):
             await driver.wait_healthy(svc, http)
     await driver.stop_all()
     assert group_members(svc.pid) == set()
+
+
+LEADER_STOPS_CHILD = r"""
+import os, signal, sys, time
+log = sys.argv[1]
+def note(what):
+    with open(log, "a") as fh:
+        fh.write(what + "\n")
+child = os.fork()
+if child == 0:
+    signal.signal(signal.SIGTERM, lambda *_: (note("child"), os._exit(0)))
+    while True:
+        time.sleep(0.05)
+def leader_term(*_):
+    note("leader")
+    if sys.argv[2] == "stops-child":
+        os.kill(child, signal.SIGTERM)
+        os.waitpid(child, 0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, leader_term)
+note("ready")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("leader", ["stops-child", "leaves-child"])
+async def test_leader_first_stop_lets_the_leader_stop_its_children(tmp_path, leader):
+    """As docker stop does: vLLM's API server must get SIGTERM alone, so it can stop EngineCore in its
+    order (EngineCore unregisters from LMCache); a leader that leaves a child gets the group signalled."""
+    path, log = tmp_path / "leader.py", tmp_path / "order.log"
+    path.write_text(LEADER_STOPS_CHILD)
+    journal = Journal(tmp_path)
+    driver = ProcessDriver(tmp_path / "logs", journal)
+    svc = driver.start(ServiceSpec(name="svc", argv=[sys.executable, str(path), str(log), leader], env={},
+                                   health_url="http://127.0.0.1:9/none", startup_deadline=5,
+                                   stop_leader_first=True))
+    for _ in range(100):
+        if log.exists() and len(group_members(svc.pid)) == 2:
+            break
+        await asyncio.sleep(0.05)
+    await driver.stop("svc", grace=4.0)
+    journal.close()
+    assert group_members(svc.pid) == set()
+    assert log.read_text().split() == ["ready", "leader", "child"]
+    [stopped] = [e for e in read_history(tmp_path).events if e.type == "service.stopped"]
+    expected = ["SIGTERM (leader)"] if leader == "stops-child" else ["SIGTERM (leader)", "SIGTERM"]
+    assert stopped.data["signals"] == expected
