@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from drills import checkers
-from drills.checkers.base import CheckResult
+from drills.checkers import effect
+from drills.checkers.base import CheckResult, RunView
 from drills.decide import EXIT, Decision, decide, overall
 from drills.journal import JOURNAL_NAME, Event, History, gc_paused, read_history
 from drills.report import write_documents
@@ -142,7 +143,8 @@ def _analyze(run_dir: Path, names: list[str] | None, *, write: bool, stamp: str 
         if names is not None:
             results = [r for r in results if r.name in names]
     if partial is None or names is not None:
-        decision = decide(scenario.expect, *overall(results), results)
+        judged = effect.assess(RunView(seen)) if names is None else None  # a subset of checks is no drill verdict
+        decision = decide(scenario.expect, *overall(results, judged), results)
     elif stored is not None:  # nothing to re-check: the stored error stands, judged by the same rules
         decision = decide(scenario.expect, stored["verdict"], stored["reason"], results)
     else:  # no verdict at all: as the runner says of a drill that could not finish, an ERROR

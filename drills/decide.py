@@ -4,13 +4,17 @@ different rules than the live run was."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from drills.checkers.base import CheckResult
+from drills.checkers.effect import Effect
 from drills.scenario import Expect
 
-EXIT = {"pass": 0, "fail": 1, "error": 2, "aborted": 3}
+# NO_EFFECT exits 0 like PASS: nothing was wrong; an `expect:` tells the two apart (drills/checkers/effect.py)
+EXIT = {"pass": 0, "no_effect": 0, "fail": 1, "error": 2, "aborted": 3}
 
 
 @dataclass(frozen=True)
@@ -21,14 +25,17 @@ class Decision:
     exit_code: int
 
 
-def overall(results: list[CheckResult]) -> tuple[str, str]:
-    """The drill's verdict from its checks: any error wins over any failure."""
+def overall(results: list[CheckResult], effect: Effect | None = None) -> tuple[str, str]:
+    """The drill's verdict from its checks: any error wins over any failure. Every check passing after a
+    fault that changed nothing observable is NO_EFFECT, not PASS."""
     failed = [r for r in results if r.verdict == "fail"]
     errored = [r for r in results if r.verdict == "error"]
     if errored:
         return "error", "; ".join(f"{r.name}: {r.summary}" for r in errored)
     if failed:
         return "fail", "; ".join(f"{r.name}: {r.summary}" for r in failed)
+    if effect is not None and effect.status == "no_effect":
+        return "no_effect", f"every check passed, but the fault had no effect: {effect.summary}"
     return "pass", "every check passed"
 
 
@@ -41,8 +48,28 @@ def expectation(expect: Expect | None, verdict: str, results: list[CheckResult])
         problems.append(f"verdict {verdict}, expected {expect.verdict}")
     problems += [f"{c} did not fail ({by_name.get(c, 'not run')})" for c in expect.failing_checks if by_name.get(c) != "fail"]
     problems += [f"{c} did not pass ({by_name.get(c, 'not run')})" for c in expect.passing_checks if by_name.get(c) != "pass"]
-    return {"verdict": expect.verdict, "failing_checks": expect.failing_checks,
-            "passing_checks": expect.passing_checks, "held": not problems, "problems": problems}
+    out: dict[str, Any] = {"verdict": expect.verdict, "failing_checks": expect.failing_checks,
+                           "passing_checks": expect.passing_checks}
+    if expect.defect is not None:
+        out["defect"] = expect.defect
+    if expect.cause is not None:
+        named = named_cause(expect.cause, [r for r in results if r.name in expect.failing_checks and r.verdict == "fail"])
+        out["cause"] = {"pattern": expect.cause, "named_by": named}
+        if named is None:
+            problems.append(f"no failing check names the cause (/{expect.cause}/ in none of "
+                            f"{', '.join(expect.failing_checks)}'s summary or evidence)")
+    return {**out, "held": not problems, "problems": problems}
+
+
+def named_cause(pattern: str, failed: list[CheckResult]) -> dict[str, Any] | None:
+    """The first failing check whose summary, or failing that evidence, matches ``pattern``, and the match."""
+    rx = re.compile(pattern, re.IGNORECASE)
+    for r in failed:
+        for where, text in (("summary", r.summary), ("evidence", json.dumps(r.evidence, default=str))):
+            m = rx.search(text)
+            if m:
+                return {"check": r.name, "in": where, "match": m.group(0)[:200]}
+    return None
 
 
 def decide(expect: Expect | None, verdict: str, reason: str, results: list[CheckResult]) -> Decision:
@@ -51,7 +78,7 @@ def decide(expect: Expect | None, verdict: str, reason: str, results: list[Check
     exp = expectation(expect, verdict, results)
     if exp is not None and exp["held"]:
         code = 0
-    elif exp is not None and verdict in ("pass", "fail"):
+    elif exp is not None and verdict in ("pass", "no_effect", "fail"):
         code = 1  # the drill ran, and kvdrill's checkers did not say what the scenario expected
     else:
         code = EXIT[verdict]  # an ERROR or ABORTED run proves nothing either way

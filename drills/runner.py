@@ -25,6 +25,7 @@ import structlog
 from rich.console import Console
 
 from drills import active, checkers, seeds, stop
+from drills.checkers import effect
 from drills.checkers.base import CheckResult, RunView
 from drills.checkers.correctness import check as correctness_check
 from drills.checkers.recovery import recovered
@@ -152,7 +153,7 @@ class Runner:
                     history = read_history(self.journal.path)
                     self._checked_through = history.events[-1].seq if history.events else None
                     results = checkers.run_checks(history, self.scenario.checks)
-                verdict, reason = overall(results)
+                verdict, reason = overall(results, effect.assess(RunView(history)))
             except asyncio.CancelledError:
                 req = switch.request
                 verdict, reason = "aborted", req.reason if req else "cancelled"

@@ -8,6 +8,7 @@ owns them (entry-point group ``kvdrill.injectors``), so a new family needs no ch
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ from drills.scenario_yaml import YamlProblem, load_document
 from drills.triggers import Trigger
 from injectors.base import registry
 
-Verdict = Literal["pass", "fail", "error", "aborted"]
+Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
+DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo"]
 Action = Literal["clear_l1", "restart_engine"]
 OnTimeout = Literal["abort", "continue"]
@@ -301,12 +303,23 @@ class Expect(_Strict):
     verdict: Verdict
     failing_checks: list[CheckName] = Field(default_factory=list)
     passing_checks: list[CheckName] = Field(default_factory=list)
+    defect: DefectId | None = Field(None, description="the defect of shared/incidents.md (D1-D12) this drill is the "
+                                                      "negative control (it must surface it) or positive twin of")
+    cause: str | None = Field(None, description="regular expression (case-insensitive) that the summary or evidence "
+                                                "of a failing check must match: the check names the cause")
 
     @model_validator(mode="after")
     def _consistent(self) -> Expect:
         both = set(self.failing_checks) & set(self.passing_checks)
         if both:
             raise ValueError(f"a check cannot be expected to both fail and pass: {sorted(both)}")
+        if self.cause is not None:
+            try:
+                re.compile(self.cause)
+            except re.error as exc:
+                raise ValueError(f"cause {self.cause!r} is not a regular expression: {exc}") from None
+            if not self.failing_checks:
+                raise ValueError("cause needs failing_checks: it is matched against what those checks report")
         return self
 
 

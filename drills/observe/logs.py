@@ -10,7 +10,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # LMCache lines that say what the cache did with a request (facts: vllm-lmcache-cpu.md §5, lmcache.md §4)
 LMCACHE_EVIDENCE = re.compile(
     r"Retrieved \d+ tokens|Stored \d+ tokens|Incomplete read|deserialize failed|InvalidTag|Prefetch|"
-    r"Size mismatch|failed to store|ERROR|Traceback")
+    r"Size mismatch|failed to store|failed to load|ERROR|Traceback")
 
 
 @dataclass(frozen=True)

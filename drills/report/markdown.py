@@ -38,6 +38,25 @@ def headline(doc: dict[str, Any]) -> str:
     return line
 
 
+EFFECT_WORDS = {"effect": "the fault had an observable effect", "no_effect": "NO OBSERVABLE EFFECT",
+                "inconclusive": "inconclusive"}
+
+
+def effect_section(doc: dict[str, Any]) -> list[str]:
+    """Whether the injected faults changed anything (drills/checkers/effect.py); "not injected" is an
+    ERROR that stops the drill, so it never reaches this section."""
+    eff = doc.get("effect")
+    if not eff:
+        return []
+    out = ["", "## Fault effect", "", f"**{EFFECT_WORDS.get(eff['status'], eff['status'])}** "
+           f"({', '.join(eff.get('faults') or [])} injected and verified): {eff['summary']}", ""]
+    for s in eff.get("signals") or []:
+        refs = ", ".join(f"`{r['ref']}`" for r in s.get("refs") or [] if isinstance(r, dict) and r.get("ref"))
+        ref = refs or (f"`{s['ref']}`" if s.get("ref") else "")
+        out.append(f"- {s.get('signal')}: {s.get('text')}" + (f" ({ref})" if ref else ""))
+    return out
+
+
 def _clip(text: str, width: int = 140) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -52,6 +71,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
         out.append(f"- expectation: verdict `{exp['verdict']}`, failing {exp['failing_checks'] or '[]'}, "
                    f"passing {exp['passing_checks'] or '[]'} → {'held' if exp['held'] else 'NOT held: ' + '; '.join(exp['problems'])}")
     out += stopped_section(doc)
+    out += effect_section(doc)
     out += ["", "## Checks", "", "| check | verdict | summary |", "|---|---|---|"]
     out += [f"| {c['name']} | {c['verdict'].upper()} | {c['summary']} |" for c in doc["checks"]]
     for c in doc["checks"]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from drills.checkers.base import RunView
+from drills.checkers.effect import assess
 from drills.checkers.hit_rate import phase_rates
 from drills.journal import History
 from drills.report.jsontext import dumps_indented
@@ -58,6 +59,10 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
     }
     # only where they apply: a drill that ran to its end without halt conditions has the document a run
     # recorded before these keys existed, so `kvdrill analyze` reproduces older runs byte for byte too
+    if outcome.checks:  # the checks ran: whether the faults changed anything (drills/checkers/effect.py)
+        judged = assess(view)
+        if judged.status != "no_fault":
+            doc["effect"] = judged.as_dict()
     stopped, conditions = stop_summary(history), halt_conditions(history)
     if stopped is not None:
         doc["stopped"] = stopped
