@@ -146,6 +146,28 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
 
 
 @app.command()
+def campaign(scenario: Path = typer.Argument(..., help="scenario YAML whose workload the clean runs use"),
+             runs: int = typer.Option(10, "--runs", "-n", min=1, help="how many clean drills"),
+             reuse_stack: bool = typer.Option(False, "--reuse-stack", help="hand the stack on between runs (each "
+                                              "run then gets its own seed) instead of a fresh stack per run"),
+             reports_dir: Path = REPORTS) -> None:
+    """False-alarm campaign: the scenario without its faults, N times, each expected to PASS. Writes
+    campaign.md/json (the count, and every run that ended otherwise with its evidence) beside the
+    suite's index.md and junit.xml. Exit 0 only when every run passed."""
+    from drills.campaign import CampaignError, run_campaign
+
+    try:
+        result = asyncio.run(run_campaign(scenario, runs, reports_dir, reuse_stack=reuse_stack, console=err))
+    except (CampaignError, ScenarioError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    s = result.summary
+    typer.echo(f"{s['false_alarms']} false alarm(s) in {s['runs']} clean runs ({s['false_fail']} FAIL); "
+               f"{result.outcome.suite_dir / 'campaign.md'}")
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
 def rollback(run: str = typer.Argument(..., help="run directory, run id under --reports-dir, or suite directory"),
              reports_dir: Path = REPORTS,
              force: bool = typer.Option(False, "--force", help="even while the run's kvdrill is still alive")) -> None:

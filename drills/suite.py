@@ -117,13 +117,13 @@ def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
 
 async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: bool = False,
                     allow_targets: tuple[str, ...] = (),
-                    console: Console | None = None) -> SuiteOutcome:
+                    console: Console | None = None, suite_dir: Path | None = None) -> SuiteOutcome:
     from drills.runner import Runner  # heavy imports; keep `--help` light
 
     console = console or Console(stderr=True)
     loop = asyncio.get_running_loop()
     switch = stop.install(loop, asyncio.current_task())
-    suite_dir = (reports_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-suite-{uuid.uuid4().hex[:6]}").resolve()
+    suite_dir = suite_dir or (reports_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-suite-{uuid.uuid4().hex[:6]}").resolve()
     journal = Journal(suite_dir)
     switch.journal = journal
     registration = active.register(suite_dir.name, "suite", suite_dir)
