@@ -97,6 +97,10 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
         plan = dryrun.build_plan(loaded, tuple(allow_target), reports_dir)
         typer.echo(dryrun.to_json(plan)) if as_json else dryrun.render(plan, out)
         raise typer.Exit(0 if plan["allowed"] else 2)
+    needs = loaded.scenario.requires
+    if needs is not None:
+        typer.echo(f"not run: {scenario} needs {needs.stack}: {needs.why}", err=True)
+        raise typer.Exit(2)
     runner = Runner(loaded, reports_dir, keep=keep, console=err, allow_targets=tuple(allow_target))
     typer.echo(f"run {runner.run_id} -> {runner.run_dir}", err=True)
     try:

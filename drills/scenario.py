@@ -365,6 +365,14 @@ class TargetsSpec(_Strict):
         return v
 
 
+class RequiresSpec(_Strict):
+    """A drill that needs a stack this machine cannot run: it still validates, and `kvdrill suite` lists
+    it as not run with the reason (never as passed)."""
+
+    stack: str = Field(min_length=1, description="the stack the drill needs, e.g. compose/gpu")
+    why: str = Field(min_length=1, description="what the local sandboxes lack")
+
+
 class Scenario(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
@@ -377,6 +385,8 @@ class Scenario(_Strict):
     recovery: RecoverySpec = RecoverySpec()
     checks: ChecksSpec = ChecksSpec()
     expect: Expect | None = None
+    requires: RequiresSpec | None = Field(None, description="set only when the drill cannot run on the local "
+                                                             "sandboxes: it is listed as not run")
     halt: list[HaltCondition] = Field(
         default_factory=list, description="stop the drill (verdict ABORTED) when one of these is breached during "
                                           "chaos: error_rate, ttft, metric or http")

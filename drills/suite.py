@@ -25,7 +25,7 @@ from rich.console import Console
 from drills import active, stop
 from drills.journal import Journal
 from drills.matrix import Variant, expand, is_matrix_file
-from drills.report import matrix_table
+from drills.report import detection, matrix_table
 from drills.scenario import LoadedScenario, ScenarioError, load_scenario
 from drills.stack.pool import StackPool, stack_key
 
@@ -134,6 +134,12 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
     try:
         for n, entry in enumerate(outcome.entries, start=1):
             console.print(f"[bold]suite {n}/{len(outcome.entries)}[/] {entry.path}")
+            needs = entry.loaded.scenario.requires
+            if needs is not None:  # validated, listed, never run here and never counted as passed
+                entry.reason = f"needs {needs.stack}: {needs.why}"
+                journal.append("suite.not_run", scenario=str(entry.path), needs=needs.stack, why=needs.why)
+                console.print(f"  -> NOT RUN ({entry.reason})")
+                continue
             runner = Runner(entry.loaded, suite_dir, console=console, pool=pool, allow_targets=allow_targets)
             entry.run_id, entry.run_dir = runner.run_id, runner.run_dir
             started = time.monotonic()
@@ -183,7 +189,7 @@ def junit_xml(outcome: SuiteOutcome) -> str:
                              name=e.loaded.scenario.name, time=f"{e.took_s:.1f}")
         detail = f"{e.verdict}: {e.reason}\nexpectation: {json.dumps(e.expectation)}\nrun: {e.run_dir}"
         if e.exit_code is None:
-            ET.SubElement(case, "skipped", message="not run (the suite stopped before it)")
+            ET.SubElement(case, "skipped", message=f"not run ({e.reason or 'the suite stopped before it'})"[:500])
         elif e.exit_code == 1:
             ET.SubElement(case, "failure", message=_expectation_line(e)[:500]).text = detail
         elif e.exit_code != 0:
@@ -211,12 +217,14 @@ def index_markdown(outcome: SuiteOutcome) -> str:
               "|---|---|---|---|---|---|---|---|"]
     for e in outcome.entries:
         expected = e.expectation["verdict"] if e.expectation else "—"
-        held = ("—" if e.exit_code is None else "yes" if e.exit_code == 0 else _expectation_line(e).replace("|", "/"))
+        held = (f"not run: {e.reason or 'the suite stopped before it'}".replace("|", "/") if e.exit_code is None
+                else "yes" if e.exit_code == 0 else _expectation_line(e).replace("|", "/"))
         report = f"[report]({e.run_dir.name}/report.md)" if e.run_dir and e.exit_code is not None else "—"
         lines.append(f"| `{e.path}` | {e.verdict.upper()} | {expected} | {'' if e.exit_code is None else e.exit_code} "
                      f"| {held} | {e.stack or '—'} | {e.took_s:.0f}s | {report} |")
     for rows in matrix_rows(outcome).values():
         lines += matrix_table.markdown(rows)
+    lines += detection.markdown(detection.rows(outcome.entries))
     lines += ["", "Suite journal: `journal.jsonl`; aggregate `junit.xml`.", ""]
     return "\n".join(lines)
 
@@ -240,3 +248,4 @@ def write_index(outcome: SuiteOutcome) -> None:
     rows = [r for m in matrix_rows(outcome).values() for r in m]
     if rows:
         matrix_table.write(outcome.suite_dir, rows)
+    detection.write(outcome.suite_dir, detection.rows(outcome.entries))

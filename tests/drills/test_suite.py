@@ -81,3 +81,20 @@ def test_a_drill_expected_to_leak_runs_last_on_its_stack(tmp_path):
     entries, _ = load_all([leaky, scenario(tmp_path, "a"), scenario(tmp_path, "m", "{ref: sandbox-mooncake}"),
                            scenario(tmp_path, "b", seed=2)])
     assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["a", "b", "leaky", "m"]
+
+
+def test_a_scenario_needing_another_stack_is_listed_as_not_run_never_passed(tmp_path):
+    needs = scenario(tmp_path, "gpu-only")
+    needs.write_text(needs.read_text() + "requires: {stack: compose/gpu, why: needs a CUDA engine}\n"
+                     "expect: {verdict: fail, failing_checks: [liveness], defect: D10}\n")
+    reports = tmp_path / "reports"
+    result = CliRunner().invoke(app, ["suite", str(needs), "--reports-dir", str(reports)])
+    assert result.exit_code == 0, result.output  # nothing ran, nothing failed
+    [suite_dir] = reports.iterdir()
+    index = (suite_dir / "index.md").read_text()
+    assert "not run: needs compose/gpu: needs a CUDA engine" in index
+    assert "0 of 12 defects surfaced" in index and "| D10 " in index
+    case = ET.parse(suite_dir / "junit.xml").getroot().find(".//testcase")
+    assert case.find("skipped").get("message") == "not run (needs compose/gpu: needs a CUDA engine)"
+    run = CliRunner().invoke(app, ["run", str(needs), "--reports-dir", str(reports)])
+    assert run.exit_code == 2 and "needs compose/gpu" in run.output

@@ -1,0 +1,43 @@
+"""The defects measured in the pinned versions (shared/incidents.md, "Defects measured in the pinned
+versions"): the ground truth for kvdrill's own detection power. A scenario names one with
+``expect.defect``; ``kvdrill suite`` then puts it in the detection matrix (drills/report/detection.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Defect:
+    id: str
+    title: str
+    where: str
+    checks: tuple[str, ...]  # the checks that must catch it
+
+
+DEFECTS: dict[str, Defect] = {d.id: d for d in (
+    Defect("D1", "fs L2 serves bit-flipped, zeroed or swapped chunk files silently (hit reported, output wrong)",
+           "LMCache MP server, fs L2", ("correctness", "hit_rate")),
+    Defect("D2", "aesgcm serde detects flipped bytes but not chunk files exchanged between keys",
+           "LMCache fs L2 + aesgcm", ("correctness",)),
+    Defect("D3", "the MP server never unmaps a registered vLLM worker's shared-memory KV segment",
+           "LMCache MP server, lmcache_driven on CPU", ("leaks",)),
+    Defect("D4", "each vLLM death leaves /dev/shm/lmcache_kv_<pid>_0 behind",
+           "vLLM-CPU + LMCacheMPConnector", ("leaks",)),
+    Defect("D5", "read locks taken by a lookup stay held until the lock TTL when the client dies before retrieve",
+           "LMCache MP server", ("leaks",)),
+    Defect("D6", "LMCache logs \"Stored N\" while every Mooncake put fails",
+           "in-process LMCache + Mooncake", ("hit_rate",)),
+    Defect("D7", "vLLM's external_prefix_cache_hits_total counts loads that failed",
+           "vLLM + LMCache connector", ("hit_rate",)),
+    Defect("D8", "a frozen Mooncake contributor stalls the engine for the whole freeze",
+           "in-process LMCache + Mooncake", ("liveness", "slo")),
+    Defect("D9", "killing a contributor with kv_load_failure_policy: fail returns HTTP 500 until the master notices",
+           "vLLM + LMCache + Mooncake", ("liveness", "recovery")),
+    Defect("D10", "as shipped on CPU, LMCacheMPConnector hangs 300 s at start, then the engine dies",
+           "vLLM-CPU + LMCache MP", ("liveness",)),
+    Defect("D11", "the in-process connector on CPU silently falls back to recompute and stores nothing",
+           "LMCache in-process", ("hit_rate",)),
+    Defect("D12", "keys carry no model revision: stale hits after a model swap",
+           "LMCache keys", ("correctness",)),
+)}
