@@ -6,18 +6,18 @@ one prompt, slicing a ZMQ stream. PASS would then claim a resilience the drill n
 such a run ends NO_EFFECT. A fault that was *not* injected is something else: the runner stops with
 ERROR ("could not be proven in effect", "trigger never fired") before any check runs.
 
-The signals, each compared with the same run's steady phase (the drill's own control):
+The signals, each comparing chaos with the same run's like-for-like waves without the fault (its own
+control): the same prompts against steady; fresh chaos prompts by their repeat waves against steady,
+or, sent once, against warm's first sends (both cold writes):
 
 - the stack's own word: an error line in the cache log during chaos or recovery (``observe.log``:
   ``failed to store``, ``InvalidTag``, a traceback), even where the stack coped and answers held;
 - answers: a chaos or recovery answer that differs from its no-cache oracle, or a request that failed;
-- hit rate: LMCache's token hit rate over chaos waves that repeat prompts the cache held (all chaos
-  waves when chaos sends steady's prompts, the repeat waves when it sends fresh ones) moved by at
-  least ``HIT_RATE_DELTA`` from steady's;
+- hit rate: LMCache's token hit rate moved by at least ``HIT_RATE_DELTA``;
 - tier: the share of LMCache's hits served from L2 rather than L1 moved by ``TIER_SHIFT`` (unless a
   chaos action cleared L1 itself), e.g. a server restart that answers from the fs L2 alone;
-- latency (only when chaos ran no actions, which would change the cache state steady measured): chaos
-  TTFT p50 at least ``LATENCY_EFFECT_RATIO`` times steady's (and ``LATENCY_EFFECT_MIN_S``
+- latency (only when chaos ran no actions, which would change the cache state the reference ran
+  with): TTFT p50 at least ``LATENCY_EFFECT_RATIO`` times the reference's (and ``LATENCY_EFFECT_MIN_S``
   more). Between ``LATENCY_NONE_RATIO`` and that it is *inconclusive*: CPU timing noise must not turn
   a fault that did nothing into "effect", nor a small real slowdown into "no effect", so a run in the
   band is not called NO_EFFECT (its verdict stays PASS, with the reason in ``effect``).
@@ -99,27 +99,47 @@ def _stack_errors(view: RunView) -> list[dict[str, Any]]:
     return out
 
 
-def _chaos_reuse_rate(view: RunView) -> tuple[float | None, str]:
-    """LMCache's hit rate over the chaos waves whose prompts the cache should hold, and which those were."""
+@dataclass(frozen=True)
+class _Pairing:
+    """Which chaos waves are compared with which reference waves: like with like, so a cold write is
+    never held against a hot read."""
+
+    chaos: str  # "all" | "repeat" | "first"
+    ref_phase: str
+    ref: str  # "all" | "first"
+    label: str
+
+
+def _pairing(view: RunView) -> _Pairing | None:
     steady_ids = {e.data.get("prompt_id") for e in view.phase_responses("steady")}
-    chaos_ids = {e.data.get("prompt_id") for e in view.phase_responses("chaos")}
-    split = first_vs_repeat(view, "chaos") or {}
-    lm = split.get("lmcache") or {}
-    if chaos_ids and chaos_ids <= steady_ids:
-        parts = [p for p in (lm.get("first"), lm.get("repeat")) if p]
-        what = "every chaos wave (steady's prompts)"
-    else:
-        parts = [lm["repeat"]] if lm.get("repeat") else []
-        what = "chaos repeat waves (fresh prompts, sent before in the phase)"
-    asked = sum(p["requested_tokens"] for p in parts)
-    return (sum(p["hit_tokens"] for p in parts) / asked if asked > 0 else None), what
+    chaos = view.phase_responses("chaos")
+    if not chaos:
+        return None
+    if {e.data.get("prompt_id") for e in chaos} <= steady_ids:
+        return _Pairing("all", "steady", "all", "every chaos wave against steady (the same prompts)")
+    waves = {e.data.get("wave") for e in chaos if isinstance(e.data.get("wave"), int)}
+    if len(waves) > 1:
+        return _Pairing("repeat", "steady", "all", "chaos repeat waves against steady (fresh prompts, sent before "
+                                                   "in the phase)")
+    return _Pairing("first", "warm", "first", "chaos first sends against warm's (both cold writes of fresh prompts)")
 
 
-def _steady_rate(view: RunView) -> float | None:
-    lm = (first_vs_repeat(view, "steady") or {}).get("lmcache") or {}
-    parts = [p for p in (lm.get("first"), lm.get("repeat")) if p]
+def _rate(view: RunView, phase: str, which: str) -> float | None:
+    lm = (first_vs_repeat(view, phase) or {}).get("lmcache") or {}
+    parts = [lm.get("first"), lm.get("repeat")] if which == "all" else [lm.get(which)]
+    parts = [p for p in parts if p]
     asked = sum(p["requested_tokens"] for p in parts)
     return sum(p["hit_tokens"] for p in parts) / asked if asked > 0 else None
+
+
+def _ttft(view: RunView, phase: str, which: str) -> float | None:
+    sent = view.phase_responses(phase)
+    waves = [w for e in sent if isinstance(w := e.data.get("wave"), int)]
+    first = min(waves, default=None)
+    keep = [e for e in sent if which == "all" or (e.data.get("wave") == first) == (which == "first")]
+    values = [float(v) for e in keep if e.data.get("ok")
+              and isinstance(v := e.data.get("ttft_s", e.data.get("latency_s")), (int, float))]
+    return percentile(values, 50) if values else None
 
 
 def assess(view: RunView) -> Effect:
@@ -130,16 +150,18 @@ def assess(view: RunView) -> Effect:
     moved = _answers(view) + _stack_errors(view)
     compared: list[dict[str, Any]] = []
 
-    steady, (chaos, which) = _steady_rate(view), _chaos_reuse_rate(view)
-    if steady is not None and chaos is not None:
-        entry = {"signal": "hit_rate", "steady": round(steady, 4), "chaos": round(chaos, 4), "over": which}
-        if abs(chaos - steady) >= HIT_RATE_DELTA:
-            moved.append({**entry, "text": f"LMCache hit rate {chaos:.0%} over {which}, against {steady:.0%} in steady"})
+    pair = _pairing(view)
+    ref = _rate(view, pair.ref_phase, pair.ref) if pair else None
+    chaos = _rate(view, "chaos", pair.chaos) if pair else None
+    if pair and ref is not None and chaos is not None:
+        entry = {"signal": "hit_rate", "reference": round(ref, 4), "chaos": round(chaos, 4), "over": pair.label}
+        if abs(chaos - ref) >= HIT_RATE_DELTA:
+            moved.append({**entry, "text": f"LMCache hit rate {chaos:.0%} against {ref:.0%} ({pair.label})"})
         else:
-            compared.append({**entry, "text": f"LMCache hit rate {chaos:.0%} over {which}, as in steady ({steady:.0%})"})
+            compared.append({**entry, "text": f"LMCache hit rate {chaos:.0%}, as {ref:.0%} ({pair.label})"})
     else:
-        compared.append({"signal": "hit_rate", "text": "hit rate not comparable (no chaos wave repeats what the "
-                                                        "cache holds, or no LMCache counters)"})
+        compared.append({"signal": "hit_rate", "text": "hit rate not comparable (no LMCache counters for the waves "
+                                                        "compared)"})
 
     actions = [str(e.data.get("action")) for e in view.history.of_type("action") if e.phase == "chaos"]
     s_l2, c_l2 = _l2_share(view, "steady"), _l2_share(view, "chaos")
@@ -149,16 +171,17 @@ def assess(view: RunView) -> Effect:
                               "moved where hits come from)"})
 
     band = None
-    t_steady, t_chaos = _ttft_p50(view, "steady"), _ttft_p50(view, "chaos")
+    t_ref = _ttft(view, pair.ref_phase, pair.ref) if pair else None
+    t_chaos = _ttft(view, "chaos", pair.chaos) if pair else None
     if actions:  # e.g. clear_l1 + restart_engine: chaos then reads L2 where steady read vLLM's prefix cache
         compared.append({"signal": "latency", "text": f"latency not compared: chaos actions {', '.join(actions)} "
                                                       "changed the cache state steady ran with"})
-    elif t_steady and t_chaos is not None:
-        ratio = t_chaos / t_steady
-        entry = {"signal": "latency", "steady_ttft_p50_s": round(t_steady, 4), "chaos_ttft_p50_s": round(t_chaos, 4),
-                 "ratio": round(ratio, 3)}
-        text = f"chaos TTFT p50 {t_chaos:.2f} s against {t_steady:.2f} s in steady ({ratio:.2f}x)"
-        if ratio >= LATENCY_EFFECT_RATIO and t_chaos - t_steady >= LATENCY_EFFECT_MIN_S:
+    elif pair and t_ref and t_chaos is not None:
+        ratio = t_chaos / t_ref
+        entry = {"signal": "latency", "reference_ttft_p50_s": round(t_ref, 4), "chaos_ttft_p50_s": round(t_chaos, 4),
+                 "ratio": round(ratio, 3), "over": pair.label}
+        text = f"TTFT p50 {t_chaos:.2f} s against {t_ref:.2f} s, {ratio:.2f}x ({pair.label})"
+        if ratio >= LATENCY_EFFECT_RATIO and t_chaos - t_ref >= LATENCY_EFFECT_MIN_S:
             moved.append({**entry, "text": text})
         elif ratio > LATENCY_NONE_RATIO or ratio < 1 / LATENCY_EFFECT_RATIO:
             band = {**entry, "text": f"{text}: between 'no effect' ({LATENCY_NONE_RATIO}x) and 'effect' "
@@ -171,5 +194,6 @@ def assess(view: RunView) -> Effect:
     if band:
         return Effect("inconclusive", band["text"], faults, [band, *compared])
     return Effect("no_effect", f"{', '.join(faults)} injected and verified, with no observable effect: every answer "
-                               "equal to the no-cache baseline, no failed request, hit rate and latency as in steady",
+                               "equal to the no-cache baseline, no failed request, no error in the cache log, hit "
+                               "rate and latency as without the fault",
                   faults, compared)

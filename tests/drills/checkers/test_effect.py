@@ -18,13 +18,14 @@ ORACLE = {0: [11, 12, 13], 1: [21, 22, 23]}
 
 def build(tmp: Path, *, fault: bool = True, wrong: bool = False, failed: bool = False, chaos_hit: float = 1536,
           steady_ttft: float = 0.5, chaos_ttft: float = 0.5, fresh: bool = False, actions: tuple[str, ...] = (),
-          log_lines: tuple[str, ...] = (), chaos_from_l2: bool = False) -> History:
+          log_lines: tuple[str, ...] = (), chaos_from_l2: bool = False, chaos_waves: int = 2,
+          warm_ttft: float = 2.0) -> History:
     j = Journal(tmp)
     j.phase = "oracle"
     for pid, tokens in ORACLE.items():
         j.append("response", request_id=f"o-{pid}", prompt_id=pid, target="baseline", wave=1, ok=True,
                  token_ids=tokens, text="x")
-    for phase in ("steady", "chaos"):
+    for phase in ("warm", "steady", "chaos"):
         j.phase = phase
         if phase == "chaos":
             for a in actions:
@@ -35,15 +36,15 @@ def build(tmp: Path, *, fault: bool = True, wrong: bool = False, failed: bool = 
                          details={})
         j.append("observe.metrics", point="before", wave=None, **metrics(0, 0))
         ids = [pid + (10 if fresh and phase == "chaos" else 0) for pid in ORACLE]
-        for wave in (1, 2):
+        for wave in range(1, (chaos_waves if phase == "chaos" else 1 if phase == "warm" else 2) + 1):
             for pid in ids:
                 tokens = ORACLE.get(pid, ORACLE[pid - 10] if pid >= 10 else [])
                 bad_answer = phase == "chaos" and wave == 1 and pid == ids[0]
                 ok = not (failed and bad_answer)
                 j.append("response", request_id=f"{phase}-{wave}-{pid}", prompt_id=pid, target="engine", wave=wave,
                          ok=ok, token_ids=([9, 9, 9] if wrong and bad_answer else tokens) if ok else [],
-                         ttft_s=chaos_ttft if phase == "chaos" else steady_ttft, text="x")
-            hit = chaos_hit if phase == "chaos" else 1536
+                         ttft_s={"chaos": chaos_ttft, "warm": warm_ttft}.get(phase, steady_ttft), text="x")
+            hit = chaos_hit if phase == "chaos" else 0 if phase == "warm" else 1536
             point = metrics(hit * wave, 1536 * wave, l2=hit * wave if phase == "chaos" and chaos_from_l2 else 0)
             l1 = 0 if phase == "chaos" and chaos_from_l2 else hit * wave
             point["lmcache"]['lmcache_mp_lookup_hit_l1_tokens_total{cache_salt="",model_name="m"}'] = l1
@@ -100,3 +101,12 @@ def test_no_effect_verdict_and_expectations(tmp_path):
     assert missed.exit_code == 1 and missed.expectation["problems"] == ["verdict no_effect, expected pass"]
     assert decide(None, verdict, reason, passing).exit_code == 0
     assert overall([CheckResult("correctness", "fail", "wrong")], e)[0] == "fail"  # a failure is never "no effect"
+
+
+def test_fresh_prompts_sent_once_are_held_against_warm_cold_writes(tmp_path):
+    """A cold write in chaos is compared with warm's cold writes, never with steady's hot reads."""
+    e = assess(RunView(build(tmp_path, fresh=True, chaos_waves=1, chaos_hit=0, chaos_ttft=2.1)))
+    assert e.status == "no_effect", e
+    assert all("against warm's" in s["over"] for s in e.signals if "over" in s)
+    slow = assess(RunView(build(tmp_path / "slow", fresh=True, chaos_waves=1, chaos_hit=0, chaos_ttft=4.0)))
+    assert slow.status == "effect" and slow.signals[0]["signal"] == "latency"
