@@ -23,6 +23,11 @@ LOG_RETRIEVED = "kvdrill_engine_log_lmcache_retrieved_tokens_total"
 LOG_LOOKUP = "kvdrill_engine_log_lmcache_lookup_hit_tokens_total"
 LOG_LOOKED_UP = "kvdrill_engine_log_lmcache_lookup_tokens_total"
 EXTERNAL_SOURCE = ("vllm:prompt_tokens_by_source_total", 'source="external_kv_transfer"')
+LOG_STORED = "kvdrill_engine_log_lmcache_stored_tokens_total"
+PUT_DONE, PUT_FAILED, KEYS = "master_put_end_requests_total", "master_put_end_failures_total", "master_key_count"
+# vLLM may count a little less than LMCache loaded (it skips the part of a chunk its own blocks hold);
+# more than a chunk over what LMCache retrieved is loads that failed (defect D7)
+COUNTER_TOLERANCE_TOKENS = 256
 
 
 def _labelled(samples: dict[str, Any], which: tuple[str, str]) -> float:
@@ -51,7 +56,15 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         d[LMC_REQ] = total(la, LOG_LOOKED_UP) - total(lb, LOG_LOOKED_UP) if looked_up else d[PROMPT]
         claimed = total(la, LOG_LOOKUP) - total(lb, LOG_LOOKUP)
         source = "engine_log_retrieved_tokens"
+    store: dict[str, Any] = {"lmcache_logged_stored_tokens": None, "store_puts_completed": None, "store_keys_delta": None}
+    if any(k.startswith(LOG_STORED) for k in la) and any(k.startswith(PUT_DONE) for k in la) \
+            and any(k.startswith(PUT_DONE) for k in lb):
+        puts = (total(la, PUT_DONE) - total(lb, PUT_DONE)) - (total(la, PUT_FAILED) - total(lb, PUT_FAILED))
+        if total(la, PUT_DONE) >= total(lb, PUT_DONE):  # a restarted master starts its counters over
+            store = {"lmcache_logged_stored_tokens": total(la, LOG_STORED) - total(lb, LOG_STORED),
+                     "store_puts_completed": puts, "store_keys_delta": total(la, KEYS) - total(lb, KEYS)}
     return {
+        **store,
         "lmcache_hit_tokens": d[LMC_HIT], "lmcache_requested_tokens": d[LMC_REQ], "hit_rate_source": source,
         "lookup_claimed_hit_tokens": claimed,
         "vllm_external_kv_transfer_tokens": _labelled(ea, EXTERNAL_SOURCE) - _labelled(eb, EXTERNAL_SOURCE),
@@ -90,15 +103,47 @@ def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckR
     rate = chaos["hit_rate_tokens"]
     details["hit_rate_tokens"] = rate
     if rate is None:
-        return CheckResult("hit_rate", "pass" if opts.min is None else "fail",
-                           "LMCache saw no lookups during chaos (hit rate undefined)", evidence, details)
-    shown = (f"LMCache token hit rate {rate:.0%} during chaos ({chaos['lmcache_hit_tokens']:.0f}/"
-             f"{chaos['lmcache_requested_tokens']:.0f} tokens; L1 {chaos['lmcache_l1_hit_tokens']:.0f}, "
-             f"L2 {chaos['lmcache_l2_hit_tokens']:.0f})")
-    if correctness_failed and rate >= opts.honesty_threshold:
+        shown = "LMCache saw no lookups during chaos (hit rate undefined)"
+    else:
+        shown = (f"LMCache token hit rate {rate:.0%} during chaos ({chaos['lmcache_hit_tokens']:.0f}/"
+                 f"{chaos['lmcache_requested_tokens']:.0f} tokens; L1 {chaos['lmcache_l1_hit_tokens']:.0f}, "
+                 f"L2 {chaos['lmcache_l2_hit_tokens']:.0f})")
+    problems = []
+    if rate is None and opts.min is not None:
+        problems.append(shown)
+    if rate is not None and correctness_failed and rate >= opts.honesty_threshold:
         details["honesty_alarm"] = True
-        return CheckResult("hit_rate", "fail", f"HIT RATE IS NOT CORRECTNESS: {shown} while responses were wrong",
-                           evidence, details)
-    if opts.min is not None and rate < opts.min:
-        return CheckResult("hit_rate", "fail", f"{shown}, below the expected minimum {opts.min:.0%}", evidence, details)
+        problems.append(f"HIT RATE IS NOT CORRECTNESS: {shown} while responses were wrong")
+    if opts.store_honesty:
+        problems += _unstored(chaos, details)
+    if opts.vllm_counter_honesty:
+        problems += _vllm_counter(chaos, details)
+    if opts.min is not None and rate is not None and rate < opts.min:
+        problems.append(f"{shown}, below the expected minimum {opts.min:.0%}")
+    if problems:
+        return CheckResult("hit_rate", "fail", "; ".join(problems), evidence, details)
     return CheckResult("hit_rate", "pass", shown, evidence, details)
+
+
+def _unstored(chaos: dict[str, Any], details: dict[str, Any]) -> list[str]:
+    """Defect D6: in-process LMCache logs "Stored N tokens" for puts the Mooncake master never completed.
+    Judged per wave, only where both ends of the wave carry the master's put counters."""
+    bad = [w for w in chaos["waves"] if (w.get("lmcache_logged_stored_tokens") or 0) > 0
+           and w.get("store_puts_completed") == 0]
+    details["unstored_waves"] = [w["wave"] for w in bad]
+    return [f"STORED IS NOT STORED: LMCache logged Stored {w['lmcache_logged_stored_tokens']:.0f} tokens in chaos "
+            f"{w['wave']}, but the Mooncake master completed 0 puts (keys {w['store_keys_delta']:+.0f})" for w in bad]
+
+
+def _vllm_counter(chaos: dict[str, Any], details: dict[str, Any]) -> list[str]:
+    """Defect D7: vLLM's external_prefix_cache_hits_total against the tokens LMCache really retrieved
+    (only where LMCache's count is of loads, not lookup claims: the in-process connector's log)."""
+    if chaos.get("hit_rate_source") != "engine_log_retrieved_tokens":
+        details["vllm_counter"] = "not judged: LMCache's counters here are lookup claims, not loads"
+        return []
+    claimed, loaded = chaos["vllm_external_hits"], chaos["lmcache_hit_tokens"]
+    details["vllm_counter"] = {"external_prefix_cache_hits": claimed, "lmcache_retrieved_tokens": loaded}
+    if claimed > loaded + COUNTER_TOLERANCE_TOKENS:
+        return [f"vLLM's external_prefix_cache_hits_total counted {claimed:.0f} tokens in chaos, LMCache retrieved "
+                f"{loaded:.0f}: {claimed - loaded:.0f} tokens of failed loads counted as hits"]
+    return []

@@ -53,3 +53,45 @@ def test_in_process_lmcache_hit_rate_counts_retrieved_tokens_not_the_lookup_clai
     assert w["hit_rate_source"] == "engine_log_retrieved_tokens"
     assert w["hit_rate_tokens"] == 0.75 and w["lookup_claimed_hit_tokens"] == 2048.0
     assert w["vllm_external_kv_transfer_tokens"] == 2046.0  # what vLLM claims: failed loads included (D7)
+
+
+def _inprocess(retrieved: float, stored: float, puts_done: float, ext_hits: float, keys: float = 6.0,
+               looked_up: float = 2048.0) -> dict:
+    return {"lmcache": {"kvdrill_engine_log_lmcache_retrieved_tokens_total": retrieved,
+                        "kvdrill_engine_log_lmcache_lookup_tokens_total": looked_up,
+                        "kvdrill_engine_log_lmcache_stored_tokens_total": stored,
+                        "master_put_end_requests_total": puts_done, "master_put_end_failures_total": 0.0,
+                        "master_key_count": keys},
+            "engine": {'vllm:external_prefix_cache_hits_total{engine="0"}': ext_hits}}
+
+
+def _chaos_view(tmp_path, before: dict, after: dict) -> RunView:
+    from drills.journal import Journal, read_history
+    j = Journal(tmp_path)
+    j.phase = "chaos"
+    j.append("observe.metrics", point="before", wave=None, **before)
+    j.append("observe.metrics", point="wave1", wave=1, **after)
+    j.close()
+    return RunView(read_history(tmp_path))
+
+
+def test_stored_tokens_without_a_completed_put_fail_as_d6(tmp_path):
+    view = _chaos_view(tmp_path, _inprocess(0, 1536, 6, 0), _inprocess(0, 2560, 6, 0))
+    r = check(view, HitRateCheck(), correctness_failed=False)
+    assert r.verdict == "fail" and r.summary.startswith("STORED IS NOT STORED: LMCache logged Stored 1024 tokens")
+    assert "completed 0 puts" in r.summary and r.details["unstored_waves"] == ["wave1"]
+    ok = _chaos_view(tmp_path / "ok", _inprocess(0, 1536, 6, 0), _inprocess(0, 2560, 10, 0, keys=10))
+    assert check(ok, HitRateCheck(), correctness_failed=False).details["unstored_waves"] == []
+    # a master restarted in the wave starts its counters over: nothing to judge, no alarm
+    restarted = _chaos_view(tmp_path / "r", _inprocess(0, 1536, 6, 0), _inprocess(0, 2560, 0, 0, keys=0))
+    assert check(restarted, HitRateCheck(), correctness_failed=False).details["unstored_waves"] == []
+
+
+def test_vllm_counting_failed_loads_as_hits_fails_as_d7_only_when_asked(tmp_path):
+    view = _chaos_view(tmp_path, _inprocess(0, 0, 0, 0, looked_up=0), _inprocess(512, 0, 0, 2046))
+    assert check(view, HitRateCheck(), correctness_failed=False).details.get("vllm_counter") is None
+    r = check(view, HitRateCheck(vllm_counter_honesty=True), correctness_failed=False)
+    assert r.verdict == "fail" and "counted 2046 tokens in chaos, LMCache retrieved 512" in r.summary
+    # within a chunk (vLLM skips what its own blocks hold): honest
+    close = _chaos_view(tmp_path / "c", _inprocess(0, 0, 0, 0, looked_up=0), _inprocess(2048, 0, 0, 2046))
+    assert check(close, HitRateCheck(vllm_counter_honesty=True), correctness_failed=False).verdict == "pass"
