@@ -25,9 +25,22 @@ pytestmark = pytest.mark.real
 # every kv_corrupt mode they use is exercised on real chunk files by test_sandbox_kv_corrupt.py and the
 # flagship pair; `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all of them.
 FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
-SCENARIOS = sorted(p.relative_to(REPO / "scenarios").as_posix() for p in (REPO / "scenarios").rglob("*.yaml")
-                   if p.parent.name not in ("flagship", "gameday", "experiments")  # gameday/ waits for an operator:
-                   and (FULL or not p.name.startswith("lmcache-4533-")))  # tests/real/test_gameday.py answers it
+EXCLUDED = ("flagship", "gameday", "experiments")  # gameday/ waits for an operator: tests/real/test_gameday.py answers it
+
+
+def _catalogue() -> list[str]:
+    """Each scenario once: controls/ links most of its drills to the basics/ or incidents/ file that is the
+    control (the suite runs a file once, by its real path); links into an excluded directory stay out."""
+    seen: dict[Path, str] = {}
+    for p in sorted((REPO / "scenarios").rglob("*.yaml"), key=lambda p: (p.is_symlink(), p.as_posix())):
+        real = p.resolve()
+        if real.parent.name in EXCLUDED or real in seen or (not FULL and real.name.startswith("lmcache-4533-")):
+            continue
+        seen[real] = p.relative_to(REPO / "scenarios").as_posix()
+    return sorted(seen.values())
+
+
+SCENARIOS = _catalogue()
 
 
 def _events(journal_dir, type_):
@@ -91,3 +104,21 @@ def test_the_open_loop_and_share_ratio_ran_on_the_real_engine(catalogue):
     prefixes and the first/repeat hit rates are checked on its run (no drill of its own)."""
     _, _, runs = catalogue
     check_open_loop_share_run(runs["basics/engine-freeze.yaml"])
+
+
+def test_every_control_surfaces_its_defect_and_every_twin_passes(catalogue):
+    """The detection matrix of the suite's index: each negative control held (its check failed and named
+    the cause) and each positive twin passed. D1's pair is the flagship pair (tests/real/test_flagship.py
+    runs it through `kvdrill run`); the defects without a control in controls/ are named, never counted."""
+    _, suite_dir, runs = catalogue
+    doc = json.loads((suite_dir / "detection.json").read_text())
+    rows = doc["rows"]
+    controls = {r["defect"] for r in rows if r["role"] == "control"}
+    assert [r for r in rows if not r["held"]] == []
+    assert doc["summary"]["surfaced"] == sorted(controls, key=lambda d: int(d[1:])) and len(controls) >= 8
+    assert all(r["cause_named"] for r in rows if r["role"] == "control" and r["cause_pattern"])
+    assert doc["summary"]["twins"] >= 4 and doc["summary"]["twins_held"] == doc["summary"]["twins"]
+    index = (suite_dir / "index.md").read_text()
+    assert "## Detection matrix" in index and f"**{len(controls)} of 12 defects surfaced**" in index
+    for r in rows:
+        assert (suite_dir / r["report"]).is_file()
