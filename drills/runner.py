@@ -135,6 +135,7 @@ class Runner:
                                                    for i, f in enumerate(self.scenario.chaos.faults)]))
         verdict, reason = "error", ""
         results: list[CheckResult] = []
+        self._effect: effect.Effect | None = None
         loop = asyncio.get_running_loop()
         own_signals = self.pool is None  # a suite handles them for all its drills, between drills too
         switch = stop.install(loop, asyncio.current_task()) if own_signals else stop.current()
@@ -153,7 +154,8 @@ class Runner:
                     history = read_history(self.journal.path)
                     self._checked_through = history.events[-1].seq if history.events else None
                     results = checkers.run_checks(history, self.scenario.checks)
-                verdict, reason = overall(results, effect.assess(RunView(history)))
+                self._effect = effect.assess(RunView(history))
+                verdict, reason = overall(results, self._effect)
             except asyncio.CancelledError:
                 req = switch.request
                 verdict, reason = "aborted", req.reason if req else "cancelled"
@@ -584,7 +586,8 @@ class Runner:
         d = decide(self.scenario.expect, verdict, reason, results)
         expectation, code = d.expectation, d.exit_code
         self.journal.append("verdict", verdict=verdict, reason=reason, checks=[r.as_dict() for r in results],
-                            expectation=expectation, exit_code=code, checked_through=self._checked_through)
+                            expectation=expectation, exit_code=code, checked_through=self._checked_through,
+                            effect=self._effect.as_dict() if self._effect else None)
         DESK.detach(self.run_id)  # from here on `kvdrill note` is told the run has finished
         self.journal.close()
         outcome = Outcome(run_id=self.run_id, run_dir=self.run_dir, verdict=verdict, reason=reason, checks=results,

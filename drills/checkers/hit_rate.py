@@ -56,15 +56,7 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         d[LMC_REQ] = total(la, LOG_LOOKED_UP) - total(lb, LOG_LOOKED_UP) if looked_up else d[PROMPT]
         claimed = total(la, LOG_LOOKUP) - total(lb, LOG_LOOKUP)
         source = "engine_log_retrieved_tokens"
-    store: dict[str, Any] = {"lmcache_logged_stored_tokens": None, "store_puts_completed": None, "store_keys_delta": None}
-    if any(k.startswith(LOG_STORED) for k in la) and any(k.startswith(PUT_DONE) for k in la) \
-            and any(k.startswith(PUT_DONE) for k in lb):
-        puts = (total(la, PUT_DONE) - total(lb, PUT_DONE)) - (total(la, PUT_FAILED) - total(lb, PUT_FAILED))
-        if total(la, PUT_DONE) >= total(lb, PUT_DONE):  # a restarted master starts its counters over
-            store = {"lmcache_logged_stored_tokens": total(la, LOG_STORED) - total(lb, LOG_STORED),
-                     "store_puts_completed": puts, "store_keys_delta": total(la, KEYS) - total(lb, KEYS)}
     return {
-        **store,
         "lmcache_hit_tokens": d[LMC_HIT], "lmcache_requested_tokens": d[LMC_REQ], "hit_rate_source": source,
         "lookup_claimed_hit_tokens": claimed,
         "vllm_external_kv_transfer_tokens": _labelled(ea, EXTERNAL_SOURCE) - _labelled(eb, EXTERNAL_SOURCE),
@@ -115,7 +107,7 @@ def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckR
         details["honesty_alarm"] = True
         problems.append(f"HIT RATE IS NOT CORRECTNESS: {shown} while responses were wrong")
     if opts.store_honesty:
-        problems += _unstored(chaos, details)
+        problems += _unstored(view, details)
     if opts.vllm_counter_honesty:
         problems += _vllm_counter(chaos, details)
     if opts.min is not None and rate is not None and rate < opts.min:
@@ -125,14 +117,32 @@ def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckR
     return CheckResult("hit_rate", "pass", shown, evidence, details)
 
 
-def _unstored(chaos: dict[str, Any], details: dict[str, Any]) -> list[str]:
+def store_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
+    """In-process LMCache's logged stored tokens and the Mooncake master's completed puts between two
+    metric points; None where either end lacks the master's counters or the master restarted between
+    them (its counters start over). Kept out of ``window`` so other stacks' documents stay as they were."""
+    la, lb = after.get("lmcache", {}), before.get("lmcache", {})
+    if not all(any(k.startswith(name) for k in m) for m in (la, lb) for name in (LOG_STORED, PUT_DONE)):
+        return None
+    if total(la, PUT_DONE) < total(lb, PUT_DONE):
+        return None
+    return {"lmcache_logged_stored_tokens": total(la, LOG_STORED) - total(lb, LOG_STORED),
+            "store_puts_completed": (total(la, PUT_DONE) - total(lb, PUT_DONE))
+            - (total(la, PUT_FAILED) - total(lb, PUT_FAILED)),
+            "store_keys_delta": total(la, KEYS) - total(lb, KEYS)}
+
+
+def _unstored(view: RunView, details: dict[str, Any]) -> list[str]:
     """Defect D6: in-process LMCache logs "Stored N tokens" for puts the Mooncake master never completed.
-    Judged per wave, only where both ends of the wave carry the master's put counters."""
-    bad = [w for w in chaos["waves"] if (w.get("lmcache_logged_stored_tokens") or 0) > 0
-           and w.get("store_puts_completed") == 0]
-    details["unstored_waves"] = [w["wave"] for w in bad]
+    Judged per chaos wave, where both ends of the wave carry the master's put counters."""
+    points = view.metric_points("chaos")
+    judged = [(b.data.get("point"), w) for a, b in zip(points, points[1:])
+              if (w := store_window(a.data, b.data)) is not None]
+    bad = [(name, w) for name, w in judged if w["lmcache_logged_stored_tokens"] > 0 and w["store_puts_completed"] == 0]
+    if bad:  # only then: an older run's document stays byte for byte what it was
+        details["unstored_waves"] = [name for name, _ in bad]
     return [f"STORED IS NOT STORED: LMCache logged Stored {w['lmcache_logged_stored_tokens']:.0f} tokens in chaos "
-            f"{w['wave']}, but the Mooncake master completed 0 puts (keys {w['store_keys_delta']:+.0f})" for w in bad]
+            f"{name}, but the Mooncake master completed 0 puts (keys {w['store_keys_delta']:+.0f})" for name, w in bad]
 
 
 def _vllm_counter(chaos: dict[str, Any], details: dict[str, Any]) -> list[str]:

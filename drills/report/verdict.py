@@ -59,7 +59,10 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
     }
     # only where they apply: a drill that ran to its end without halt conditions has the document a run
     # recorded before these keys existed, so `kvdrill analyze` reproduces older runs byte for byte too
-    if outcome.checks:  # the checks ran: whether the faults changed anything (drills/checkers/effect.py)
+    stored = history.first("verdict")
+    # the checks ran: whether the faults changed anything (drills/checkers/effect.py); a run journaled
+    # before kvdrill judged effects keeps the document it had, so `analyze` reproduces it byte for byte
+    if outcome.checks and (stored is None or "effect" in stored.data):
         judged = assess(view)
         if judged.status != "no_fault":
             doc["effect"] = judged.as_dict()
