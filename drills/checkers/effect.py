@@ -56,12 +56,6 @@ class Effect:
         return {"status": self.status, "summary": self.summary, "faults": self.faults, "signals": self.signals}
 
 
-def _ttft_p50(view: RunView, phase: str) -> float | None:
-    values = [float(v) for e in view.phase_responses(phase) if e.data.get("ok")
-              and isinstance(v := e.data.get("ttft_s", e.data.get("latency_s")), (int, float))]
-    return percentile(values, 50) if values else None
-
-
 def _answers(view: RunView) -> list[dict[str, Any]]:
     out = []
     for phase in ("chaos", "recovery"):
