@@ -247,8 +247,10 @@ class HitRateCheck(_Strict):
     min: float | None = Field(None, ge=0, le=1, description="fail when the chaos-phase LMCache token hit rate is lower")
     honesty_threshold: float = Field(
         0.9, ge=0, le=1, description="fail when hit rate is at least this while correctness fails")
-    store_honesty: bool = Field(True, description="fail when LMCache logs stored tokens in a chaos wave in which the "
-                                                  "Mooncake master completed no put (defect D6; sandbox-mooncake)")
+    store_honesty: bool = Field(
+        False, description="fail when LMCache logs stored tokens in a chaos wave in which the Mooncake master "
+                           "completed no put (defect D6; sandbox-mooncake). Opt-in: a drill that kills a "
+                           "contributor shows it or not depending on whether the wave's puts met the dead one")
     vllm_counter_honesty: bool = Field(
         False, description="fail when vLLM's external_prefix_cache_hits_total exceeds what LMCache retrieved by more "
                            "than a chunk (failed loads counted as hits, defect D7; sandbox-mooncake)")

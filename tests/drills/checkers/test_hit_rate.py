@@ -77,14 +77,15 @@ def _chaos_view(tmp_path, before: dict, after: dict) -> RunView:
 
 def test_stored_tokens_without_a_completed_put_fail_as_d6(tmp_path):
     view = _chaos_view(tmp_path, _inprocess(0, 1536, 6, 0), _inprocess(0, 2560, 6, 0))
-    r = check(view, HitRateCheck(), correctness_failed=False)
+    assert check(view, HitRateCheck(), correctness_failed=False).verdict == "pass"  # opt-in
+    r = check(view, HitRateCheck(store_honesty=True), correctness_failed=False)
     assert r.verdict == "fail" and r.summary.startswith("STORED IS NOT STORED: LMCache logged Stored 1024 tokens")
     assert "completed 0 puts" in r.summary and r.details["unstored_waves"] == ["wave1"]
     ok = _chaos_view(tmp_path / "ok", _inprocess(0, 1536, 6, 0), _inprocess(0, 2560, 10, 0, keys=10))
-    assert check(ok, HitRateCheck(), correctness_failed=False).verdict == "pass"
+    assert check(ok, HitRateCheck(store_honesty=True), correctness_failed=False).verdict == "pass"
     # a master restarted in the wave starts its counters over: nothing to judge, no alarm
     restarted = _chaos_view(tmp_path / "r", _inprocess(0, 1536, 6, 0), _inprocess(0, 2560, 0, 0, keys=0))
-    assert check(restarted, HitRateCheck(), correctness_failed=False).verdict == "pass"
+    assert check(restarted, HitRateCheck(store_honesty=True), correctness_failed=False).verdict == "pass"
 
 
 def test_vllm_counting_failed_loads_as_hits_fails_as_d7_only_when_asked(tmp_path):
