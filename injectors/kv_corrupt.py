@@ -22,6 +22,8 @@ from drills.digest import sha256_file
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 FP32_EXPONENT_BITS = range(23, 31)  # bit 31 is the sign; 23..30 the exponent of a little-endian float32
+FP32_MANTISSA_LOW_BITS = range(0, 8)  # the 8 lowest of the 23 mantissa bits: changes below 2**-15 relative
+BIT_CLASSES = {"exponent": FP32_EXPONENT_BITS, "mantissa_low": FP32_MANTISSA_LOW_BITS}
 
 
 class _Target(BaseModel):
@@ -34,8 +36,9 @@ class _Target(BaseModel):
 class Bitflip(_Target):
     mode: Literal["bitflip"]
     bits: int = Field(1, ge=1, le=1_000_000, description="how many distinct bits to flip per file")
-    bit_class: Literal["any", "exponent"] = Field(
-        "any", description="'exponent' flips only float32 exponent bits (raw fs L2 only)")
+    bit_class: Literal["any", "exponent", "mantissa_low"] = Field(
+        "any", description="'exponent' flips only float32 exponent bits, 'mantissa_low' only the 8 lowest mantissa "
+                           "bits (a change no answer should show); both raw fs L2 only")
 
 
 class Zero(_Target):
@@ -105,10 +108,10 @@ class KvCorrupt(Injector):
         if bad:
             raise InjectionError(f"kv_corrupt: prompts {bad} do not exist; the workload has {len(prompts)} "
                                  f"(indices 0..{len(prompts) - 1})")
-        if isinstance(spec, Bitflip) and spec.bit_class == "exponent" and \
+        if isinstance(spec, Bitflip) and spec.bit_class in BIT_CLASSES and \
                 self.ctx.stack.options.lmcache.l2_serde != "none":
-            raise InjectionError("kv_corrupt: bit_class 'exponent' needs raw fp32 chunk files, but the fs L2 uses "
-                                 f"the {self.ctx.stack.options.lmcache.l2_serde!r} serde; use bit_class 'any'")
+            raise InjectionError(f"kv_corrupt: bit_class {spec.bit_class!r} needs raw fp32 chunk files, but the fs L2 "
+                                 f"uses the {self.ctx.stack.options.lmcache.l2_serde!r} serde; use bit_class 'any'")
         # in a thread: the hashes come from a subprocess of the stack's Python (seconds), and an abort
         # must not wait for it with the event loop blocked
         files = await asyncio.to_thread(self.ctx.stack.chunk_files, [p.token_ids for p in prompts])
@@ -208,12 +211,13 @@ class KvCorrupt(Injector):
         if isinstance(spec, Bitflip):
             size = path.stat().st_size
             positions: set[tuple[int, int]] = set()
-            capacity = (size // 4) * len(FP32_EXPONENT_BITS) if spec.bit_class == "exponent" else size * 8
+            within = BIT_CLASSES.get(spec.bit_class)
+            capacity = (size // 4) * len(within) if within else size * 8
             if spec.bits > capacity:
                 raise InjectionError(f"kv_corrupt bitflip: {spec.bits} bits exceed what {path.name} holds")
             while len(positions) < spec.bits:
-                if spec.bit_class == "exponent":
-                    bit = self.ctx.rng.randrange(size // 4) * 32 + self.ctx.rng.choice(FP32_EXPONENT_BITS)
+                if within:
+                    bit = self.ctx.rng.randrange(size // 4) * 32 + self.ctx.rng.choice(within)
                 else:
                     bit = self.ctx.rng.randrange(size * 8)
                 positions.add((bit // 8, bit % 8))

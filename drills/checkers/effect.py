@@ -10,6 +10,9 @@ The signals, each comparing chaos with the same run's like-for-like waves withou
 control): the same prompts against steady; fresh chaos prompts by their repeat waves against steady,
 or, sent once, against warm's first sends (both cold writes):
 
+NO_EFFECT is a claim, so it needs the comparison: where the hit rate (or, without chaos actions, the
+latency) could not be compared, a run with nothing found is *inconclusive*, not NO_EFFECT.
+
 - the stack's own word: an error line in the cache log during chaos or recovery (``observe.log``:
   ``failed to store``, ``InvalidTag``, a traceback), even where the stack coped and answers held;
 - answers: a chaos or recovery answer that differs from its no-cache oracle, or a request that failed;
@@ -115,7 +118,9 @@ def _pairing(view: RunView) -> _Pairing | None:
     if len(waves) > 1:
         return _Pairing("repeat", "steady", "all", "chaos repeat waves against steady (fresh prompts, sent before "
                                                    "in the phase)")
-    return _Pairing("first", "warm", "first", "chaos first sends against warm's (both cold writes of fresh prompts)")
+    # fresh prompts sent once: nothing in the run without the fault is like them (warm's first sends
+    # find less of the shared prefix stored than chaos's do), so hit rate and latency say nothing
+    return None
 
 
 def _rate(view: RunView, phase: str, which: str) -> float | None:
@@ -154,8 +159,10 @@ def assess(view: RunView) -> Effect:
         else:
             compared.append({**entry, "text": f"LMCache hit rate {chaos:.0%}, as {ref:.0%} ({pair.label})"})
     else:
-        compared.append({"signal": "hit_rate", "text": "hit rate not comparable (no LMCache counters for the waves "
-                                                        "compared)"})
+        compared.append({"signal": "hit_rate", "text": "hit rate not compared: " + (
+            "no LMCache counters for the waves compared" if pair else
+            "chaos sends fresh prompts once, and nothing without the fault is like them (workload.repeats: 2 "
+            "gives repeat waves to compare)")})
 
     actions = [str(e.data.get("action")) for e in view.history.of_type("action") if e.phase == "chaos"]
     s_l2, c_l2 = _l2_share(view, "steady"), _l2_share(view, "chaos")
@@ -170,7 +177,9 @@ def assess(view: RunView) -> Effect:
     if actions:  # e.g. clear_l1 + restart_engine: chaos then reads L2 where steady read vLLM's prefix cache
         compared.append({"signal": "latency", "text": f"latency not compared: chaos actions {', '.join(actions)} "
                                                       "changed the cache state steady ran with"})
-    elif pair and t_ref and t_chaos is not None:
+    elif pair is None:
+        compared.append({"signal": "latency", "text": "latency not compared: chaos sends fresh prompts once"})
+    elif t_ref and t_chaos is not None:
         ratio = t_chaos / t_ref
         entry = {"signal": "latency", "reference_ttft_p50_s": round(t_ref, 4), "chaos_ttft_p50_s": round(t_chaos, 4),
                  "ratio": round(ratio, 3), "over": pair.label}
@@ -187,6 +196,12 @@ def assess(view: RunView) -> Effect:
         return Effect("effect", "; ".join(s["text"] for s in moved), faults, moved)
     if band:
         return Effect("inconclusive", band["text"], faults, [band, *compared])
+    if ref is None or chaos is None or (not actions and (t_ref is None or t_chaos is None)):
+        # "no effect" is a claim: it needs the hit rate and the latency (unless chaos actions rule it out)
+        # compared and found unchanged, not merely nothing found
+        return Effect("inconclusive", "no effect found, but " + "; ".join(
+            c["text"] for c in compared if "not compared" in c["text"]) or "nothing to compare against", faults,
+            compared)
     return Effect("no_effect", f"{', '.join(faults)} injected and verified, with no observable effect: every answer "
                                "equal to the no-cache baseline, no failed request, no error in the cache log, hit "
                                "rate and latency as without the fault",

@@ -113,12 +113,13 @@ async def test_bitflip_changes_exactly_n_bits(world, bits):
     await assert_healed(inj, originals)
 
 
-async def test_exponent_bitflips_land_in_exponent_bits(world):
-    inj, originals, proof = await injected(world, {"mode": "bitflip", "bits": 20, "bit_class": "exponent", "chunk": 2,
+@pytest.mark.parametrize(("bit_class", "low", "high"), [("exponent", 23, 30), ("mantissa_low", 0, 7)])
+async def test_class_bitflips_land_in_their_bits(world, bit_class, low, high):
+    inj, originals, proof = await injected(world, {"mode": "bitflip", "bits": 20, "bit_class": bit_class, "chunk": 2,
                                                    "prompts": [0]})
     for offset, bit in inj.targets[0]["applied"]["flipped"]:
         bit_in_word = (offset % 4) * 8 + bit
-        assert 23 <= bit_in_word <= 30
+        assert low <= bit_in_word <= high
     assert proof.effective
     await assert_healed(inj, originals)
 
