@@ -91,9 +91,9 @@ class EngineOptions(_Strict):
     max_model_len: int = Field(4096, ge=512, le=8192)
     startup_deadline: Duration = 240.0
     shutdown_timeout: int = Field(
-        5, ge=0, le=120, description="vLLM's --shutdown-timeout when kvdrill stops the engine: >0 drains and lets "
-                                     "LMCache's connector unregister; 0 (vLLM's own default) aborts and force-kills "
-                                     "EngineCore at once, which cuts the unregister short")
+        0, ge=0, le=120, description="vLLM's --shutdown-timeout: 0 (vLLM's default) aborts on SIGTERM and force-kills "
+                                     "EngineCore at once, which can cut LMCache's unregister short; >0 drains (a "
+                                     "request in flight then ends 200 with empty text, measured) and unregisters")
 
 
 class MooncakeSpec(_Strict):

@@ -146,6 +146,11 @@ class ProcessFault(Injector):
             self.injected_at = time.time()
             self.landing = await self._probe_landing()
             await self.ctx.stack.restart(self.p.service, sig=SIGNALS[self.p.restart_signal], grace=self.p.grace)
+            # the restart is complete when this returns: no request saw the service down, but its state
+            # (prefix cache, connections, registrations) is new, which drills/checkers/effect.py counts
+            self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
+                                    service=self.p.service, restarted=True, landing=self.landing,
+                                    service_down=False)
             return
         sig = SIGNALS[self.p.action]
         try:

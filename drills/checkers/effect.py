@@ -147,6 +147,14 @@ def assess(view: RunView) -> Effect:
     if not faults:
         return Effect("no_fault", "no fault was injected (nothing to have an effect)")
     moved = _answers(view) + _stack_errors(view)
+    for w in view.down_windows():  # a fault that took a service down on purpose is seen by every client
+        moved.append({"signal": "service_down", "service": w.service, "ref": w.ref,
+                      "text": f"{w.service} down from the fault until its heal ({w.fault_id})"})
+    for e in view.history.of_type("fault.injected"):
+        if e.data.get("restarted"):
+            moved.append({"signal": "restarted", "service": e.data.get("service"), "ref": e.ref,
+                          "text": f"{e.data.get('service')} restarted by {e.data.get('fault_id')}: its caches, "
+                                  "connections and registrations are new"})
     compared: list[dict[str, Any]] = []
 
     pair = _pairing(view)

@@ -52,7 +52,7 @@ class MooncakeOptions:
     client_ttl: int = 3  # seconds until the master expires a dead contributor
     kv_cache_space_gb: int = 1
     max_model_len: int = 4096
-    shutdown_timeout: int = 5  # vLLM's --shutdown-timeout (0: vLLM's default, abort on SIGTERM)
+    shutdown_timeout: int = 0  # vLLM's --shutdown-timeout (0: vLLM's default, abort on SIGTERM)
     startup_deadline: float = 240.0
     transfer_timeout: int = 2  # LMCache's mooncakestore transfer_timeout (s)
 
