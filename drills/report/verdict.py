@@ -57,8 +57,6 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
         "journal_problems": history.problems,
         "evidence": {"journal": "journal.jsonl", "logs": "logs/", "versions": "versions.json"},
     }
-    # only where they apply: a drill that ran to its end without halt conditions has the document a run
-    # recorded before these keys existed, so `kvdrill analyze` reproduces older runs byte for byte too
     stored = history.first("verdict")
     # the checks ran: whether the faults changed anything (drills/checkers/effect.py); a run journaled
     # before kvdrill judged effects keeps the document it had, so `analyze` reproduces it byte for byte
@@ -66,6 +64,8 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
         judged = assess(view)
         if judged.status != "no_fault":
             doc["effect"] = judged.as_dict()
+    # only where they apply: a drill that ran to its end without halt conditions has the document a run
+    # recorded before these keys existed, so `kvdrill analyze` reproduces older runs byte for byte too
     stopped, conditions = stop_summary(history), halt_conditions(history)
     if stopped is not None:
         doc["stopped"] = stopped
