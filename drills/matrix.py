@@ -18,8 +18,9 @@ sharing but other token ids, so every variant starts with a cold cache on a stac
 left (a suite reuses stacks only for unseen seeds, drills/stack/pool.py).
 
 ``tier`` is the one variable that is no scenario field: ``apc`` leaves vLLM's prefix cache in place for
-the hot read (chaos.actions: []), ``l1`` restarts the engine first so LMCache's L1 must serve
-([restart_engine]), ``l2`` also clears L1 so the fs L2 must serve ([clear_l1, restart_engine]).
+the hot read (chaos.actions: []), ``l1`` empties it first so LMCache's L1 must serve
+([reset_prefix_cache]), ``l2`` also clears L1 so the fs L2 must serve ([clear_l1, reset_prefix_cache]).
+A base that empties APC by ``restart_engine`` instead is recognised as the same tier.
 
 ``kvdrill suite`` runs matrix files (each variant a drill, written to ``SUITE/variants/NAME.yaml`` so
 the run's copy of its scenario is the variant itself) and adds the comparison table to index.md.
@@ -49,7 +50,8 @@ from drills.scenario import (
 )
 from drills.scenario_yaml import YamlProblem, load_document
 
-TIER_ACTIONS: dict[str, list[str]] = {"apc": [], "l1": ["restart_engine"], "l2": ["clear_l1", "restart_engine"]}
+TIER_ACTIONS: dict[str, list[str]] = {"apc": [], "l1": ["reset_prefix_cache"],
+                                      "l2": ["clear_l1", "reset_prefix_cache"]}
 MATRIX_KEYS = ("name", "description", "base", "vary")
 
 
@@ -109,7 +111,8 @@ def _model_value(model: Any, parts: tuple[str, ...]) -> Any:
 
 
 def base_tier(scenario: Scenario) -> str | None:
-    actions = [a for a in scenario.chaos.actions if isinstance(a, str)]
+    actions = ["reset_prefix_cache" if a == "restart_engine" else a for a in scenario.chaos.actions
+               if isinstance(a, str)]
     return next((t for t, acts in TIER_ACTIONS.items() if acts == actions), None)
 
 
@@ -181,8 +184,8 @@ def expand(path: Path) -> list[Variant]:
         current = base_tier(base_model.scenario) if var == "tier" else _model_value(base_model.scenario, parts)
         if var == "tier" and current is None:
             problems.append(Problem(_line(tree, ("matrix", "vary", var)), "matrix.vary.tier", "the base's "
-                                    "chaos.actions are none of the tiers' ([], [restart_engine], [clear_l1, "
-                                    "restart_engine]), so varying tier would change more than one thing"))
+                                    "chaos.actions are none of the tiers' ([], [reset_prefix_cache], [clear_l1, "
+                                    "reset_prefix_cache]), so varying tier would change more than one thing"))
             continue
         for i, raw in enumerate(values):
             value = doc_value(raw)

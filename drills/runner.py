@@ -434,6 +434,7 @@ class Runner:
     async def _actions(self, actions: list[Action | ManualStep]) -> None:
         handlers: dict[str, Callable[[], Awaitable[Any]]] = {
             "clear_l1": self.stack.clear_l1,
+            "reset_prefix_cache": self.stack.reset_prefix_cache,
             "restart_engine": lambda: self.stack.restart("engine"),
         }
         for n, action in enumerate(actions):

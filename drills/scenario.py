@@ -38,7 +38,7 @@ from injectors.base import registry
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo"]
-Action = Literal["clear_l1", "restart_engine"]
+Action = Literal["clear_l1", "reset_prefix_cache", "restart_engine"]
 OnTimeout = Literal["abort", "continue"]
 
 
@@ -220,13 +220,14 @@ class ChaosSpec(_Strict):
     faults: list[FaultSpec] = Field(default_factory=list)
     actions: list[Step] = Field(
         default_factory=list,
-        description="after injecting, before traffic; restart_engine empties vLLM's prefix cache (APC exclusion); "
+        description="after injecting, before traffic; reset_prefix_cache empties vLLM's prefix cache (APC "
+                    "exclusion), restart_engine does too by restarting the engine (it re-registers with LMCache); "
                     "{manual: {instruction, timeout, on_timeout}} pauses for the operator (game day)")
 
 
 class RecoverySpec(_Strict):
     enabled: bool = True
-    actions: list[Step] = Field(default_factory=lambda: ["clear_l1", "restart_engine"])
+    actions: list[Step] = Field(default_factory=lambda: ["clear_l1", "reset_prefix_cache"])
     max_waves: int = Field(3, ge=1, le=20, description="recovery traffic stops early once answers are correct "
                                                        "and the hit rate is back (checks.recovery)")
 

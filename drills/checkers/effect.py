@@ -182,7 +182,7 @@ def assess(view: RunView) -> Effect:
     band = None
     t_ref = _ttft(view, pair.ref_phase, pair.ref) if pair else None
     t_chaos = _ttft(view, "chaos", pair.chaos) if pair else None
-    if actions:  # e.g. clear_l1 + restart_engine: chaos then reads L2 where steady read vLLM's prefix cache
+    if actions:  # e.g. clear_l1 + reset_prefix_cache: chaos then reads L2 where steady read vLLM's prefix cache
         compared.append({"signal": "latency", "text": f"latency not compared: chaos actions {', '.join(actions)} "
                                                       "changed the cache state steady ran with"})
     elif pair is None:

@@ -50,7 +50,7 @@ def test_mistakes_name_their_line_and_the_allowed_values():
             "        on_timeout: maybe\n    - manual: {instruction: ''}\n  faults:\n"
             "    - {injector: process, confirm: sure, params: {service: engine, action: stop}}\n")
     out = errors(text).splitlines()
-    assert "s.yaml:4: chaos.actions[0]: 'clear_l2' is not allowed; allowed values: 'clear_l1', 'restart_engine'" in out
+    assert "s.yaml:4: chaos.actions[0]: 'clear_l2' is not allowed; allowed values: 'clear_l1', 'reset_prefix_cache', 'restart_engine'" in out
     assert "s.yaml:5: chaos.actions[1].manual.instruction: required key is missing" in out
     assert ("s.yaml:6: chaos.actions[1].manual.instrution: unknown key (did you mean 'instruction'?); allowed keys: "
             "instruction, timeout, on_timeout, traffic") in out

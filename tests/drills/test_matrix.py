@@ -58,8 +58,8 @@ def test_one_variable_at_a_time_never_the_cross_product(tmp_path):
         assert len(changed) == 1, (v.name, changed)
         assert s.workload.prompts == 4 and s.recovery.enabled is False  # everything else as in the base
     assert [v.loaded.scenario.seed for v in variants] == [10, 11, 12, 13, 14, 15]  # cold cache on a reused stack
-    assert variants[4].loaded.scenario.chaos.actions == ["restart_engine"]
-    assert variants[5].loaded.scenario.chaos.actions == ["clear_l1", "restart_engine"]
+    assert variants[4].loaded.scenario.chaos.actions == ["reset_prefix_cache"]
+    assert variants[5].loaded.scenario.chaos.actions == ["clear_l1", "reset_prefix_cache"]
     assert all(v.loaded.path == p for v in variants)
 
 

@@ -51,7 +51,7 @@ def test_unknown_injector_lists_installed_ones():
 
 def test_bad_literal_lists_allowed_values():
     [p] = problems("name: x\nchaos:\n  actions: [clear_l2]\n").problems
-    assert p.line == 3 and "allowed values: 'clear_l1', 'restart_engine'" in p.message
+    assert p.line == 3 and "allowed values: 'clear_l1', 'reset_prefix_cache', 'restart_engine'" in p.message
 
 
 def test_injector_params_are_validated_by_the_family():

@@ -12,11 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from drills.checkers.hit_rate import APC_HIT, EXT_HIT
 from drills.digest import sha256_file
 from drills.journal import Journal
+from drills.observe import prom
 from drills.scenario import WorkloadSpec
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
-from drills.workload import EngineClient, build_prompts, send_wave
+from drills.workload import EngineClient, PromptSet, build_prompts, send_wave
 from injectors.base import InjectionContext, InjectionError
 from injectors.kv_corrupt import KvCorrupt, KvCorruptParams
 
@@ -156,3 +158,33 @@ def test_a_chunk_that_was_never_stored_is_an_error(warmed):
                            stack=stack, prompts=prompts)
     with pytest.raises(InjectionError, match="chunk 4 does not exist"):
         asyncio.run(KvCorrupt(KvCorruptParams.model_validate({"mode": "zero", "chunk": 4}), ctx).plan())
+
+
+def test_reset_prefix_cache_empties_vllm_s_cache_and_keeps_lmcache_s(warmed):
+    """The `reset_prefix_cache` action: the next send of a prompt vLLM just served finds nothing in its
+    own prefix cache and loads the prefix from LMCache instead, with the same tokens."""
+    run_dir, journal, stack, prompts, rows = warmed
+    one = WorkloadSpec(prompts=1, shared_prefix_tokens=512, unique_tokens=560, max_tokens=4, concurrency=1)
+
+    async def counters() -> tuple[float, float]:
+        m = prom.parse(await stack.metrics_text("engine"))
+        return prom.total(m, APC_HIT), prom.total(m, EXT_HIT)
+
+    async def send(wave: int):
+        async with httpx.AsyncClient(timeout=60) as http:
+            stack.http = http
+            engine = EngineClient(stack.url("engine"), SERVED_MODEL, http)
+            before = await counters()
+            first = PromptSet([prompts.prompts[0]], prompts.shared_prefix_tokens, prompts.seed)
+            [answer] = await send_wave(engine, first, one, journal, target="engine", wave=wave)
+            await asyncio.sleep(1.0)  # the API server folds the step's stats into /metrics after the response
+            after = await counters()
+            reset = await stack.reset_prefix_cache() if wave == 100 else None
+        return answer, after[0] - before[0], after[1] - before[1], reset
+
+    hot, apc_hot, _, reset = asyncio.run(send(100))  # served from vLLM's prefix cache, then reset
+    assert apc_hot > 0 and reset["success"] is True
+    cold, apc_after, ext_after, _ = asyncio.run(send(101))
+    assert apc_after == 0, "vLLM's prefix cache still served after the reset"
+    assert ext_after >= 512, "LMCache did not serve the prefix after vLLM's prefix cache was reset"
+    assert cold.ok and cold.token_ids == hot.token_ids

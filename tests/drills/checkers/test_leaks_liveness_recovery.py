@@ -59,6 +59,22 @@ def test_leaks_pass_when_counts_return_and_fail_naming_what_did_not(tmp_path: Pa
     assert result.details["lmcache_series"]["active_sessions"][-1][1] == 1
 
 
+def test_segments_a_suite_repair_left_before_the_baseline_are_reported_not_counted(tmp_path: Path):
+    """A reused stack the previous drill left dirty is repaired in preflight; what that stop leaves is
+    the previous drill's evidence, so it cannot fail this drill's leaks (net-slow-close after net-reset-peer)."""
+    j = Journal(tmp_path / "a")
+    j.phase = "preflight"
+    j.append("service.stopped", service="engine", generation=2,
+             shm_segments_left_behind=[{"segment": "lmcache_kv_30512_0", "bytes": 2**30}])
+    j.phase = "steady"
+    j.append("observe.status", point="baseline", lmcache=COUNTS, engine_kv_usage=0.0)
+    _drain(j, COUNTS)
+    j.close()
+    result = leaks.check(RunView(read_history(tmp_path / "a")), LeaksCheck())
+    assert result.verdict == "pass", result.summary
+    assert result.details["shm_segments_before_baseline"][0]["segment"] == "/dev/shm/lmcache_kv_30512_0"
+
+
 def test_leaks_is_an_error_without_a_drain(tmp_path: Path):
     j = Journal(tmp_path)
     j.append("observe.status", point="baseline", lmcache=COUNTS)

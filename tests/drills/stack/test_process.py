@@ -72,6 +72,7 @@ def note(what):
 child = os.fork()
 if child == 0:
     signal.signal(signal.SIGTERM, lambda *_: (note("child"), os._exit(0)))
+    note("armed")  # a SIGTERM before this line would kill the child silently, so the test waits for it
     while True:
         time.sleep(0.05)
 def leader_term(*_):
@@ -99,13 +100,14 @@ async def test_leader_first_stop_lets_the_leader_stop_its_children(tmp_path, lea
                                    health_url="http://127.0.0.1:9/none", startup_deadline=5,
                                    stop_leader_first=True))
     for _ in range(100):
-        if log.exists() and len(group_members(svc.pid)) == 2:
+        if log.exists() and {"ready", "armed"} <= set(log.read_text().split()):
             break
         await asyncio.sleep(0.05)
     await driver.stop("svc", grace=4.0)
     journal.close()
     assert group_members(svc.pid) == set()
-    assert log.read_text().split() == ["ready", "leader", "child"]
+    lines = log.read_text().split()
+    assert sorted(lines[:2]) == ["armed", "ready"] and lines[2:] == ["leader", "child"]
     [stopped] = [e for e in read_history(tmp_path).events if e.type == "service.stopped"]
     expected = ["SIGTERM (leader)"] if leader == "stops-child" else ["SIGTERM (leader)", "SIGTERM"]
     assert stopped.data["signals"] == expected
