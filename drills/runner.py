@@ -47,7 +47,7 @@ from drills.sse_http import SsePool
 from drills.stack.base import ProcessStack
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
 from drills.stack.pool import StackPool
-from drills.stack.process import StackError, log_tail
+from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
 from drills.workload import EngineClient, PromptSet, build_prompts, send_wave
@@ -56,6 +56,9 @@ from injectors.process import ProcessFault
 
 MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
 STORE_DRAIN_DEADLINE = 90.0
+# a service whose failure to start is a finding about the stack under test, not a broken setup: the
+# others (the no-cache baseline, kvdrill's own proxy) failing leaves no oracle or no fault path, so ERROR
+UNDER_TEST = ("engine",)
 THREAD_SETTLE_S = 120.0  # longest thread call a cancelled chaos phase may leave running (a disk fill)
 
 
@@ -86,7 +89,7 @@ def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.Asy
                                kv_cache_space_gb=spec.engine.kv_cache_space_gb, max_model_len=spec.engine.max_model_len,
                                startup_deadline=spec.engine.startup_deadline,
                                shutdown_timeout=spec.engine.shutdown_timeout,
-                               transfer_timeout=spec.mooncake.transfer_timeout)
+                               transfer_timeout=spec.mooncake.transfer_timeout, cpu_shim=spec.mooncake.cpu_shim)
         return MooncakeStack(opts, run_dir, journal, http)
     return SandboxStack(spec, run_dir, journal, http)
 
@@ -162,6 +165,19 @@ class Runner:
                 self.journal.append("drill.stopped", source=req.source if req else None, reason=reason,
                                     interrupted_phase=self.journal.phase,
                                     after_request_s=round(time.time() - req.requested_at, 3) if req else None)
+            except ServiceStartError as exc:
+                if exc.service not in UNDER_TEST:
+                    verdict, reason = "error", str(exc)
+                else:
+                    # the engine under test never came up: that is the drill's finding, judged by liveness
+                    # from the service.start_failed event (checkers.run_checks runs only what can judge it)
+                    self.journal.append("drill.cut_short", service=exc.service, returncode=exc.returncode,
+                                        waited_s=exc.waited_s, reason=f"{exc.service} did not start")
+                    with switch.deferred():
+                        history = read_history(self.journal.path)
+                        self._checked_through = history.events[-1].seq
+                        results = checkers.run_checks(history, self.scenario.checks)
+                    verdict, reason = overall(results)
             except (DrillError, StackError, InjectionError) as exc:
                 verdict, reason = "error", str(exc)
             except Exception as exc:  # a bug in kvdrill must still heal and leave a readable report

@@ -67,8 +67,13 @@ class LMCacheOptions(_Strict):
     l1_read_ttl: Duration = Field(20.0, description="read-lock TTL (short, so leaked locks show up quickly)")
     l1_write_ttl: Duration = 60.0
     worker_reap_timeout: Duration = Field(30.0, description="server reaps silent vLLM workers after this")
-    transfer_mode: Literal["lmcache_driven", "engine_driven"] = Field(
-        "lmcache_driven", description="lmcache_driven is the CPU fix for the 300 s register hang")
+    transfer_mode: Literal["lmcache_driven", "engine_driven", "auto"] = Field(
+        "lmcache_driven", description="lmcache_driven is the CPU fix for the register hang; engine_driven starts the "
+                                      "server with `auto` (the other fix); auto is LMCache as shipped: the connector "
+                                      "sets no mode, the CPU worker picks engine_driven, the server serves only "
+                                      "lmcache_driven and the engine hangs mq_timeout at start (defect D10)")
+    mq_timeout: Duration = Field(60.0, gt=0, le=600, description="lmcache.mp.mq_timeout, how long the connector "
+                                                                  "waits for the server (LMCache's default: 300 s)")
     shm_leak_fix: bool = Field(
         False, description="load the server-side monkeypatch for the SHM segment leak (hides defect D3)")
     l2_fs: L2Filesystem | None = Field(
@@ -104,6 +109,9 @@ class MooncakeSpec(_Strict):
     client_ttl: int = Field(3, ge=1, le=60, description="seconds until the master expires a silent contributor")
     segment_size: str = Field("256 MB", description="memory each contributor (store-a, store-b) offers")
     transfer_timeout: int = Field(2, ge=1, le=60, description="LMCache's mooncakestore transfer_timeout (s)")
+    cpu_shim: bool = Field(True, description="load kvdrill's CPU connector shim (drills/stack/vllm_shims); false "
+                                             "runs vLLM's built-in LMCacheConnectorV1 as shipped, which on CPU "
+                                             "falls back to recompute and stores nothing (defect D11)")
 
 
 class StackSpec(_Strict):

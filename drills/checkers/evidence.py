@@ -103,10 +103,19 @@ class ServiceDied(_Data):
     log_tail: list[Any] = []
 
 
+class ServiceStartFailed(_Data):
+    log_tail: list[str] = []
+    waited_s: float | None = None
+    summary: str = ""
+
+
 class WarmStored(_Data):
     bytes: float | None = None
     mooncake_allocated_bytes: float | None = None
     chunks: float | None = None
+    stored_chunks: float | None = None
+    complete: bool | None = None
+    connector_log: list[LogMatch] = []
 
 
 class WorkloadPrompts(_Data):
@@ -117,6 +126,7 @@ SHAPES: dict[str, type[_Data]] = {
     "response": Response, "observe.metrics": Metrics, "observe.log": ObserveLog, "observe.status": Status,
     "service.stopped": ServiceStopped, "observe.shm": ObserveShm, "fault.injected": FaultInjected,
     "fault.healed": FaultHealed, "service.died": ServiceDied, "warm.stored": WarmStored,
+    "service.start_failed": ServiceStartFailed,
     "workload.prompts": WorkloadPrompts,
 }
 _ADAPTERS = {t: TypeAdapter(m) for t, m in SHAPES.items()}
@@ -126,9 +136,9 @@ FAULTS = ("fault.injected", "fault.healed")
 READS: dict[str, tuple[str, ...]] = {
     "correctness": ("response", *FAULTS),
     "degenerate": ("response", *FAULTS),
-    "hit_rate": ("observe.metrics", "observe.log"),
+    "hit_rate": ("observe.metrics", "observe.log", "warm.stored"),
     "leaks": ("observe.status", "drain.result", "service.stopped", "observe.shm"),
-    "liveness": ("response", "service.died", *FAULTS),
+    "liveness": ("response", "service.died", "service.start_failed", *FAULTS),
     "recovery": ("response", "observe.metrics", *FAULTS),
     "slo": ("response", "observe.metrics", "warm.stored", "workload.prompts", *FAULTS),
 }

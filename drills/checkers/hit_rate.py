@@ -100,7 +100,7 @@ def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckR
         shown = (f"LMCache token hit rate {rate:.0%} during chaos ({chaos['lmcache_hit_tokens']:.0f}/"
                  f"{chaos['lmcache_requested_tokens']:.0f} tokens; L1 {chaos['lmcache_l1_hit_tokens']:.0f}, "
                  f"L2 {chaos['lmcache_l2_hit_tokens']:.0f})")
-    problems = []
+    problems = _nothing_stored(view, details, evidence)
     if rate is None and opts.min is not None:
         problems.append(shown)
     if rate is not None and correctness_failed and rate >= opts.honesty_threshold:
@@ -115,6 +115,22 @@ def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckR
     if problems:
         return CheckResult("hit_rate", "fail", "; ".join(problems), evidence, details)
     return CheckResult("hit_rate", "pass", shown, evidence, details)
+
+
+def _nothing_stored(view: RunView, details: dict[str, Any], evidence: list[dict[str, Any]]) -> list[str]:
+    """Defect D11: a configured KV connector that stored nothing at all in warm-up (the stack records
+    ``stored_chunks: 0``, ``complete: false`` and the connector's own start-up lines instead of failing
+    warm-up). Answers stay right, so only this says the cache is not there."""
+    warm = view.history.first("warm.stored")
+    if warm is None or warm.data.get("complete") is not False or warm.data.get("stored_chunks") != 0:
+        return []
+    said = warm.data.get("connector_log") or []
+    details["warm_stored"] = {"chunks": warm.data.get("chunks"), "stored_chunks": 0, "ref": warm.ref}
+    evidence += [{"kind": "log", "ref": f"logs/engine.log:{m['line']}", "text": m["text"]} for m in said]
+    evidence.append({"kind": "warm", "ref": warm.ref, "note": "the warm-up's store record"})
+    why = f": {said[-1]['text'].strip()[:200]}" if said else ""
+    return [f"the KV connector is configured but stored 0 of {warm.data.get('chunks')} chunks in warm-up "
+            f"({warm.data.get('waited_s')}s, no key in the store, no Stored line){why}"]
 
 
 def store_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:

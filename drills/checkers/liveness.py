@@ -1,4 +1,5 @@
-"""Liveness: every request answered within its deadline, no HTTP 5xx, no engine that died on its own.
+"""Liveness: every request answered within its deadline, no HTTP 5xx, no engine that died on its own or
+never came up (``service.start_failed``: exited or unhealthy past its startup deadline).
 
 A request that failed while a fault held its service down on purpose (a killed or frozen engine) is
 listed as expected unavailability, not as a liveness failure: the check is about the stack failing
@@ -8,9 +9,12 @@ died (shared/incidents.md row 2) or hanging behind a frozen one.
 
 from __future__ import annotations
 
+import re
+
 from drills.checkers.base import CheckResult, RunView, response_ref
 from drills.scenario import LivenessCheck
 
+EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")
 KIND_TEXT = {"hung": "hung past its deadline", "http_5xx": "HTTP 5xx", "http_4xx": "HTTP 4xx",
              "connect": "connection refused or reset", "protocol": "malformed response"}
 
@@ -34,6 +38,10 @@ def check(view: RunView, opts: LivenessCheck) -> CheckResult:
     deaths = [{"kind": "service_died", "ref": e.ref, "phase": e.phase, "at": e.ts, "service": e.data.get("service"),
                "returncode": e.data.get("returncode"), "log_tail": e.data.get("log_tail", [])[-8:]}
               for e in view.history.of_type("service.died")]
+    deaths += [{"kind": "start_failed", "ref": e.ref, "phase": e.phase, "at": e.ts, "service": e.data.get("service"),
+                "returncode": e.data.get("returncode"), "waited_s": e.data.get("waited_s"),
+                "summary": e.data.get("summary"), "log": e.data.get("log"), "log_tail": e.data.get("log_tail", [])}
+               for e in view.history.of_type("service.start_failed") if e.data.get("service") == "engine"]
     answered = sum(1 for e in view.responses if e.data.get("target") == "engine" and e.data.get("ok"))
     details = {"answered": answered, "incidents": len(incidents), "expected_unavailable": expected,
                "deaths": len(deaths)}
@@ -43,7 +51,7 @@ def check(view: RunView, opts: LivenessCheck) -> CheckResult:
                            details=details)
     parts = []
     if deaths:
-        parts.append(", ".join(f"{d['service']} died (exit {d['returncode']}) in {d['phase']}" for d in deaths))
+        parts.append(", ".join(_death_text(d) for d in deaths))
     if incidents:
         by_kind: dict[str, int] = {}
         for i in incidents:
@@ -53,3 +61,12 @@ def check(view: RunView, opts: LivenessCheck) -> CheckResult:
                                                                          for k, n in by_kind.items())
                      + f"); first: {first['request_id']} in {first['phase']}")
     return CheckResult("liveness", "fail", "; ".join(parts), evidence=deaths + incidents, details=details)
+
+
+def _death_text(d: dict) -> str:
+    if d["kind"] != "start_failed":
+        return f"{d['service']} died (exit {d['returncode']}) in {d['phase']}"
+    # the first exception line of the tail is the root cause (e.g. D10's "ConnectionError: LMCache server
+    # did not respond to register_kv_caches"); vLLM's last line only says "see root cause above"
+    cause = next((m.group(0) for line in d["log_tail"] if (m := EXCEPTION_LINE.search(line))), None)
+    return f"{d['summary']} in {d['phase']} (after {d['waited_s']}s)" + (f": {cause[:300]}" if cause else "")

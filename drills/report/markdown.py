@@ -137,7 +137,10 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
     out += human_section(history)
     out += ["", "## Timeline", "", "| phase | took | note |", "|---|---|---|"]
     for e in history.of_type("phase.finished"):
-        out.append(f"| {e.phase} | {e.data['took_s']}s | {e.data.get('error') or ''} |")
+        error = e.data.get("error") or ""
+        if "\n" in error:  # a log tail would break the table: its first line here, the rest in the journal
+            error = f"{_clip(error.splitlines()[0], 300)} (full text: `{e.ref}`)"
+        out.append(f"| {e.phase} | {e.data['took_s']}s | {error} |")
     if record is not None:
         out += tiers_section(record)
         out += _record_section(record)

@@ -23,7 +23,7 @@ import httpx
 from ruamel.yaml import YAML
 
 from drills.journal import Journal
-from drills.observe import prom
+from drills.observe import logs, prom
 from drills.pins import REPO_ROOT, stack_python, stack_venv
 from drills.stack.base import ProcessStack
 from drills.stack.netns import NetNamespace
@@ -55,6 +55,7 @@ class MooncakeOptions:
     shutdown_timeout: int = 0  # vLLM's --shutdown-timeout (0: vLLM's default, abort on SIGTERM)
     startup_deadline: float = 240.0
     transfer_timeout: int = 2  # LMCache's mooncakestore transfer_timeout (s)
+    cpu_shim: bool = True  # False: vLLM's built-in LMCacheConnectorV1 as shipped (D11: silent recompute)
 
 
 _RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens")
@@ -80,6 +81,12 @@ def engine_log_counters(path: Path) -> dict[str, int]:
     for m in _STORED.finditer(text):
         counts["kvdrill_engine_log_lmcache_stored_tokens"] += int(m.group(1))
     return counts
+
+
+# in-process LMCache's start-up lines when it has no connector for the device (facts:
+# lmcache-mooncake-cpu.md §3), kept as the evidence of a warm-up that stored nothing
+CONNECTOR_DOWN = re.compile(r"degraded mode|No supported \w+ connector|Failed to initialize LMCacheManager")
+NOTHING_STORED_AFTER_S = 15.0  # a working stack logs its first Stored line within a second of the response
 
 
 class MooncakeStack(ProcessStack):
@@ -145,6 +152,8 @@ class MooncakeStack(ProcessStack):
             yaml.dump(self.lmcache_config_doc(), fh)
         kv_transfer = {"kv_connector": "LMCacheConnectorV1", "kv_connector_module_path": "lmcache_cpu_shim",
                        "kv_role": "kv_both", "kv_load_failure_policy": self.options.load_failure_policy}
+        if not self.options.cpu_shim:
+            del kv_transfer["kv_connector_module_path"]  # vLLM's own registration of the connector
         venv = stack_venv()
         opts = self.options
         variables = {
@@ -261,22 +270,34 @@ class MooncakeStack(ProcessStack):
         before = int(mark or 0)
         size = self.options.chunk_size
         distinct = {tuple(t[: (i + 1) * size]) for t in token_lists for i in range(len(t) // size)}
-        deadline = time.monotonic() + deadline_s
-        last, stable_since = -1, time.monotonic()
+        started = time.monotonic()
+        deadline = started + deadline_s
+        last, stable_since = -1, started
         while True:
             keys = int(prom.total(await self.master_metrics(), "master_key_count"))
             if keys != last:
                 last, stable_since = keys, time.monotonic()
             if keys - before >= len(distinct) and time.monotonic() - stable_since >= 1.0:
                 break
+            if keys == before and time.monotonic() - started >= NOTHING_STORED_AFTER_S and not self._logged_stores():
+                # no key and no "Stored" line at all: the connector is not storing (D11's silent
+                # recompute), which hit_rate judges from this record, not a warm-up still under way
+                return {"chunks": len(distinct), "mooncake_keys": keys, "mooncake_keys_before": before,
+                        "stored_chunks": 0, "complete": False, "waited_s": round(time.monotonic() - started, 1),
+                        "connector_log": logs.matches_since(logs.LogMark(self.log_path("engine"), 0, 0),
+                                                            CONNECTOR_DOWN, limit=5)}
             if time.monotonic() > deadline:
                 raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: the Mooncake master holds {keys} "
                                  f"keys ({before} before warm), {len(distinct)} distinct chunks were sent")
             await asyncio.sleep(0.5)
         metrics = await self.master_metrics()
         return {"chunks": len(distinct), "mooncake_keys": keys, "mooncake_keys_before": before,
+                "stored_chunks": keys - before, "complete": True,
                 "mooncake_allocated_bytes": prom.total(metrics, "master_allocated_bytes"),
                 "segments": await self.segments()}
+
+    def _logged_stores(self) -> int:
+        return engine_log_counters(self.log_path("engine"))["kvdrill_engine_log_lmcache_stored_tokens"]
 
     async def master_metrics(self) -> dict[str, float]:
         """The master's Prometheus series (``master_*`` and the rest), parsed."""

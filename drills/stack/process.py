@@ -31,6 +31,17 @@ class StackError(RuntimeError):
     """A service could not start or become healthy: the drill is an ERROR, with the log tail as evidence."""
 
 
+class ServiceStartError(StackError):
+    """One service exited or stayed unhealthy past its startup deadline (journaled as ``service.start_failed``).
+
+    Where that service is the one under test (the engine), the runner turns it into a liveness finding
+    rather than an ERROR: an engine that never comes up is what a drill exists to catch (defect D10)."""
+
+    def __init__(self, message: str, service: str, returncode: int | None, waited_s: float) -> None:
+        super().__init__(message)
+        self.service, self.returncode, self.waited_s = service, returncode, waited_s
+
+
 @dataclass(frozen=True)
 class ServiceSpec:
     name: str
@@ -267,8 +278,8 @@ class ProcessDriver:
             # remember every pid seen while it starts: one that dies before healthy leaves files too
             svc.members |= group_members(svc.pid)
             if not svc.alive:
-                raise StackError(f"{svc.spec.name} exited with code {svc.popen.returncode} before becoming healthy; "
-                                 f"last log lines ({svc.log_path}):\n{log_tail(svc.log_path)}")
+                raise self._start_failed(svc, f"{svc.spec.name} exited with code {svc.popen.returncode} before "
+                                              f"becoming healthy")
             try:
                 r = await http.get(svc.spec.health_url, timeout=2.0)
                 if r.status_code == 200:
@@ -276,15 +287,24 @@ class ProcessDriver:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise StackError(f"{svc.spec.name} not healthy at {svc.spec.health_url} within "
-                                 f"{svc.spec.startup_deadline:.0f}s; last log lines ({svc.log_path}):\n"
-                                 f"{log_tail(svc.log_path)}")
+                raise self._start_failed(svc, f"{svc.spec.name} not healthy at {svc.spec.health_url} within "
+                                              f"{svc.spec.startup_deadline:.0f}s")
             await asyncio.sleep(0.5)
         svc.ready_s = time.monotonic() - svc.started_at
         svc.members |= group_members(svc.pid)
         self.journal.append("service.healthy", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
                             ready_s=round(svc.ready_s, 2))
         log.info("service healthy", service=svc.spec.name, ready_s=round(svc.ready_s, 1))
+
+    def _start_failed(self, svc: RunningService, what: str) -> ServiceStartError:
+        waited = round(time.monotonic() - svc.started_at, 1)
+        # a Python traceback buries the root cause tens of lines above the end: keep enough to reach it
+        tail = log_tail(svc.log_path, 80).splitlines()
+        self.journal.append("service.start_failed", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
+                            returncode=svc.popen.poll(), waited_s=waited, startup_deadline_s=svc.spec.startup_deadline,
+                            summary=what, log=f"logs/{svc.log_path.name}", log_tail=tail)
+        return ServiceStartError(f"{what}; last log lines ({svc.log_path}):\n" + "\n".join(tail[-25:]),
+                                 svc.spec.name, svc.popen.poll(), waited)
 
     async def start_all(self, specs: dict[str, ServiceSpec], http: httpx.AsyncClient, source: Path) -> None:
         """Start every service as soon as the services it depends on are healthy (so an engine does not

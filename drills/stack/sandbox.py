@@ -169,12 +169,14 @@ class SandboxStack(ProcessStack):
             "kv_connector_extra_config": {
                 # through the stack's Toxiproxy (proxy `lmcache`), so network faults can sit on this link
                 "lmcache.mp.host": "127.0.0.1", "lmcache.mp.port": self.ports["lmcache_proxy"],
-                # the CPU fix: vLLM-CPU defaults to engine_driven, which the server does not serve
-                # unless told to, and the connector then waits 300 s (facts: vllm-lmcache-cpu.md §3)
-                "lmcache.mp.mp_transfer_mode": lm.transfer_mode,
-                "lmcache.mp.mq_timeout": 60,
+                "lmcache.mp.mq_timeout": int(lm.mq_timeout),
             },
         }
+        if lm.transfer_mode != "auto":
+            # the CPU fix: vLLM-CPU resolves auto to engine_driven, which the server does not serve unless
+            # told to, and the connector then waits mq_timeout (facts: vllm-lmcache-cpu.md §3); `auto`
+            # leaves the key out, as LMCache ships it (defect D10's control)
+            kv_transfer["kv_connector_extra_config"]["lmcache.mp.mp_transfer_mode"] = lm.transfer_mode
         venv = stack_venv()
         toxiproxy_config = write_toxiproxy_config(self.run_dir / "stack", self.proxies)
         self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
@@ -185,7 +187,9 @@ class SandboxStack(ProcessStack):
             **{f"port_{k}": v for k, v in self.ports.items()},
             "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
             "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
-            "supported_transfer_mode": "lmcache_driven" if lm.transfer_mode == "lmcache_driven" else "auto",
+            # engine_driven is the server-side fix (the server serves both); lmcache_driven and auto (as
+            # shipped) get LMCache's own server default
+            "supported_transfer_mode": "auto" if lm.transfer_mode == "engine_driven" else "lmcache_driven",
             "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
             "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
             "shutdown_timeout": eng.shutdown_timeout,

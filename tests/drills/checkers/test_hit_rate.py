@@ -96,3 +96,34 @@ def test_vllm_counting_failed_loads_as_hits_fails_as_d7_only_when_asked(tmp_path
     # within a chunk (vLLM skips what its own blocks hold): honest
     close = _chaos_view(tmp_path / "c", _inprocess(0, 0, 0, 0, looked_up=0), _inprocess(2048, 0, 0, 2046))
     assert check(close, HitRateCheck(vllm_counter_honesty=True), correctness_failed=False).verdict == "pass"
+
+
+def _with_warm(tmp_path, **warm):
+    from drills.journal import Journal, read_history
+    history = build(tmp_path / "a", chaos_hit=(0, 0))
+    j = Journal(tmp_path / "b")
+    for e in history.events:
+        j.phase = e.phase
+        j.append(e.type, **e.data)
+        if e.type == "observe.metrics" and e.phase == "warm" and e.data.get("point") == "wave1":
+            j.append("warm.stored", **warm)
+    j.close()
+    return read_history(tmp_path / "b")
+
+
+def test_a_connector_that_stored_nothing_in_warm_up_fails_naming_its_own_log_line(tmp_path):
+    """Defect D11: right answers, no lookups, and nothing stored; only the warm-up record says so."""
+    said = [{"line": 88, "text": ". System will operate in degraded mode (recompute)."}]
+    history = _with_warm(tmp_path, chunks=4, mooncake_keys=0, mooncake_keys_before=0, stored_chunks=0,
+                         complete=False, waited_s=15.2, connector_log=said)
+    r = check(RunView(history), HitRateCheck(), correctness_failed=False)
+    assert r.verdict == "fail"
+    assert r.summary.startswith("the KV connector is configured but stored 0 of 4 chunks in warm-up (15.2s")
+    assert r.summary.endswith("degraded mode (recompute).")
+    assert {"kind": "log", "ref": "logs/engine.log:88", "text": said[0]["text"]} in r.evidence
+
+
+def test_a_warm_up_that_stored_every_chunk_is_no_finding(tmp_path):
+    history = _with_warm(tmp_path, chunks=4, mooncake_keys=4, mooncake_keys_before=0, stored_chunks=4,
+                         complete=True)
+    assert check(RunView(history), HitRateCheck(), correctness_failed=False).verdict == "pass"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drills.checkers import leaks, liveness, recovery
+from drills.checkers import leaks, liveness, recovery, run_checks
 from drills.checkers.base import RunView
 from drills.journal import Journal, read_history
-from drills.scenario import LeaksCheck, LivenessCheck, RecoveryCheck
+from drills.scenario import ChecksSpec, LeaksCheck, LivenessCheck, RecoveryCheck
 from tests.drills.checkers.journals import ORACLE, metrics
 
 COUNTS = {"l1_read_locked": 0, "active_sessions": 0, "registered_workers": 1}
@@ -110,6 +110,38 @@ def test_liveness_fails_on_5xx_hangs_and_deaths(tmp_path: Path):
     assert result.verdict == "fail"
     assert "engine died (exit -9)" in result.summary and "1 HTTP 5xx" in result.summary and "1 hung" in result.summary
     assert result.evidence[1]["log_tail"] == ["Failing 1 request(s)"]
+
+
+D10_TAIL = ["(EngineCore pid=1) ERROR Traceback (most recent call last):",
+            "ConnectionError: LMCache server did not respond to register_kv_caches within 60.0s. Is the server running?",
+            "RuntimeError: Engine core initialization failed. See root cause above."]
+
+
+def test_an_engine_that_never_comes_up_fails_liveness_with_its_root_cause(tmp_path: Path):
+    """Defect D10: the drill is cut short in `up`; only liveness can judge it, and it names the first
+    exception line of the engine's log, not vLLM's closing "see root cause above"."""
+    j = Journal(tmp_path / "a")
+    j.phase = "up"
+    j.append("service.start_failed", service="engine", pid=7, generation=1, returncode=1, waited_s=71.5,
+             startup_deadline_s=150.0, summary="engine exited with code 1 before becoming healthy",
+             log="logs/engine.log", log_tail=D10_TAIL)
+    j.append("drill.cut_short", service="engine", returncode=1, waited_s=71.5, reason="engine did not start")
+    j.close()
+    history = read_history(tmp_path / "a")
+    [result] = run_checks(history, ChecksSpec())  # no answers, no drain: nothing else can judge
+    assert result.name == "liveness" and result.verdict == "fail"
+    assert result.summary == ("engine exited with code 1 before becoming healthy in up (after 71.5s): ConnectionError: "
+                              "LMCache server did not respond to register_kv_caches within 60.0s. Is the server running?")
+    assert result.evidence[0]["kind"] == "start_failed" and result.evidence[0]["log_tail"] == D10_TAIL
+
+
+def test_a_baseline_that_never_comes_up_is_no_liveness_finding(tmp_path: Path):
+    j = Journal(tmp_path / "a")
+    _oracle(j)
+    j.append("service.start_failed", service="baseline", pid=7, generation=1, returncode=1, waited_s=3.0,
+             startup_deadline_s=150.0, summary="baseline exited", log="logs/baseline.log", log_tail=[])
+    j.close()
+    assert liveness.check(RunView(read_history(tmp_path / "a")), LivenessCheck()).verdict == "pass"
 
 
 def _recovery_journal(tmp: Path, waves: list[tuple[bool, float]]) -> RunView:

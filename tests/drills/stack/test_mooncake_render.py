@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from ipaddress import IPv4Network
 
 import httpx
+import pytest
 from ruamel.yaml import YAML
 
 from drills.journal import Journal
 from drills.stack import mooncake
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
 from drills.stack.netns import NetNamespace
+from drills.stack.process import StackError
 
 NS = NetNamespace(name="kvd-0badcafe", subnet=IPv4Network("10.254.3.8/30"))
 
@@ -94,3 +97,46 @@ def test_engine_log_counters_sum_lmcache_lines(tmp_path):
     assert c["kvdrill_engine_log_lmcache_lookup_tokens"] == 1024
     assert c["kvdrill_engine_log_lmcache_stored_tokens"] == 768
     assert engine_log_counters(tmp_path / "missing.log")["kvdrill_engine_log_lmcache_retrieved_tokens"] == 0
+
+
+def test_without_the_shim_the_engine_runs_vllm_s_own_connector_as_shipped(tmp_path, monkeypatch):
+    shipped = json.loads(_kv_config(prepared(tmp_path, monkeypatch, cpu_shim=False)))
+    assert shipped["kv_connector"] == "LMCacheConnectorV1" and "kv_connector_module_path" not in shipped
+    shim = json.loads(_kv_config(prepared(tmp_path / "b", monkeypatch)))
+    assert shim["kv_connector_module_path"] == "lmcache_cpu_shim"
+
+
+def _kv_config(stack: MooncakeStack) -> str:
+    argv = stack.specs["engine"].argv
+    return argv[argv.index("--kv-transfer-config") + 1]
+
+
+def _warm(tmp_path, monkeypatch, engine_log: str, deadline_s: float):
+    """wait_for_stores against a master that never gains a key and an engine log with ``engine_log``."""
+    stack = prepared(tmp_path, monkeypatch)
+    monkeypatch.setattr(mooncake, "NOTHING_STORED_AFTER_S", 0.3)
+    stack.log_path("engine").parent.mkdir(parents=True, exist_ok=True)
+    stack.log_path("engine").write_text(engine_log)
+
+    async def master_metrics():
+        return {"master_key_count": 4.0}
+
+    stack.master_metrics = master_metrics
+    return asyncio.run(stack.wait_for_stores([list(range(600))], deadline_s, mark=4))
+
+
+DEGRADED = ("LMCache ERROR: Failed to initialize LMCacheManager components: RuntimeError: No supported cpu connector "
+            "found.\n. System will operate in degraded mode (recompute).\n")
+
+
+def test_a_warm_up_that_stores_nothing_is_a_record_with_the_connector_s_own_words(tmp_path, monkeypatch):
+    stored = _warm(tmp_path, monkeypatch, "INFO: started\n" + DEGRADED, deadline_s=30)
+    assert stored["stored_chunks"] == 0 and stored["complete"] is False and stored["chunks"] == 2
+    assert [m["line"] for m in stored["connector_log"]] == [2, 3]
+    assert "degraded mode" in stored["connector_log"][-1]["text"]
+
+
+def test_a_warm_up_that_logged_stores_but_holds_no_key_is_still_a_stack_error(tmp_path, monkeypatch):
+    # LMCache says it stored, the master disagrees: a store path that is broken, not absent (see D6)
+    with pytest.raises(StackError, match="warm-up incomplete"):
+        _warm(tmp_path, monkeypatch, "LMCache INFO: Stored 256 out of total 600 tokens\n", deadline_s=1.0)

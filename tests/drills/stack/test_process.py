@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from drills.journal import Journal, read_history
-from drills.stack.process import ProcessDriver, ServiceSpec, StackError, group_members
+from drills.stack.process import ProcessDriver, ServiceSpec, ServiceStartError, group_members
 from drills.stack.sandbox import free_port
 from tests.process_fixtures import STUBBORN_SERVICE as SERVICE
 
@@ -44,23 +44,34 @@ async def test_start_health_stop_escalates_and_cleans_shm(tmp_path):
 
 
 async def test_a_service_that_dies_reports_its_log(tmp_path):
-    driver = ProcessDriver(tmp_path / "logs", Journal(tmp_path))
+    journal = Journal(tmp_path)
+    driver = ProcessDriver(tmp_path / "logs", journal)
     svc = driver.start(spec(tmp_path, script="import sys; print('boom: bad flag'); sys.exit(3)"))
     async with httpx.AsyncClient() as http:
-        with pytest.raises(StackError, match="exited with code 3") as exc:
+        with pytest.raises(ServiceStartError, match="exited with code 3") as exc:
             await driver.wait_healthy(svc, http)
     assert "boom: bad flag" in str(exc.value)
+    assert (exc.value.service, exc.value.returncode) == ("svc", 3)
     await driver.stop_all()
+    journal.close()
+    [failed] = [e for e in read_history(tmp_path).events if e.type == "service.start_failed"]
+    assert failed.data["returncode"] == 3 and "boom: bad flag" in failed.data["log_tail"]
+    assert failed.data["summary"] == "svc exited with code 3 before becoming healthy"
 
 
 async def test_health_deadline(tmp_path):
-    driver = ProcessDriver(tmp_path / "logs", Journal(tmp_path))
+    journal = Journal(tmp_path)
+    driver = ProcessDriver(tmp_path / "logs", journal)
     svc = driver.start(spec(tmp_path, script="import time; time.sleep(60)", deadline=1.0))
     async with httpx.AsyncClient() as http:
-        with pytest.raises(StackError, match="not healthy"):
+        with pytest.raises(ServiceStartError, match="not healthy") as exc:
             await driver.wait_healthy(svc, http)
+    assert exc.value.returncode is None and exc.value.waited_s >= 1.0
     await driver.stop_all()
     assert group_members(svc.pid) == set()
+    journal.close()
+    [failed] = [e for e in read_history(tmp_path).events if e.type == "service.start_failed"]
+    assert failed.data["returncode"] is None and failed.data["startup_deadline_s"] == 1.0
 
 
 LEADER_STOPS_CHILD = r"""
