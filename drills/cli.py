@@ -15,6 +15,8 @@ from drills.scenario import ScenarioError, json_schema, load_scenario
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded CPU stack (real LMCache + vLLM), for learning.")
 app.add_typer(sandbox_app, name="sandbox")
+docker_app = typer.Typer(no_args_is_help=True, help="The Docker engine kvdrill owns (its own roots and socket).")
+app.add_typer(docker_app, name="docker")
 out = Console()
 err = Console(stderr=True)
 
@@ -318,6 +320,43 @@ def sandbox_status(reports_dir: Path = REPORTS) -> None:
     from drills.stack import control
 
     raise typer.Exit(control.status(reports_dir, out))
+
+
+def _engine(state_dir: Path | None):
+    from drills.pins import cache_home
+    from drills.stack.dockerd import OwnedEngine
+
+    return OwnedEngine(state_dir or cache_home() / "docker")
+
+
+STATE_DIR = typer.Option(None, "--state-dir", help="the engine's roots, socket and pidfile "
+                                                   "(default ~/.cache/kvdrill/docker: images stay cached there)")
+
+
+@docker_app.command("up")
+def docker_up(state_dir: Path | None = STATE_DIR) -> None:
+    """Start kvdrill's own dockerd and leave it running; prints the DOCKER_HOST to reach it."""
+    from drills.stack.dockerd import DockerEngineError
+
+    engine = _engine(state_dir)
+    try:
+        engine.start()
+    except DockerEngineError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from exc
+    out.print(f"DOCKER_HOST={engine.base_url}")
+
+
+@docker_app.command("down")
+def docker_down(state_dir: Path | None = STATE_DIR,
+                remove_images: bool = typer.Option(False, "--remove-images", help="also the images kvdrill built")) -> None:
+    """Stop the dockerd `kvdrill docker up` (or a crashed test session) started, by its own pid, remove
+    kvdrill's containers and networks, and put back what it changed on the host (iptables chains and
+    rules, FORWARD policy, ip_forward, docker0, mounts under its exec root)."""
+    engine = _engine(state_dir)
+    if engine.running_pid() is not None:
+        engine.connect()
+    out.print_json(data=engine.stop(remove_images=remove_images))
 
 
 if __name__ == "__main__":
