@@ -15,8 +15,10 @@ not), hence the hand-written diff.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -130,13 +132,17 @@ def default_engine_running() -> bool:
 
 
 class OwnedEngine:
-    """``dockerd`` under ``state_dir``: ``root/`` (images; keep it to cache them), ``exec/``, the socket,
-    the pidfile and the daemon's log."""
+    """``dockerd`` with its data root under ``state_dir/root`` (images; keep it to cache them), the pidfile,
+    the host snapshot and the daemon's log beside it, and its socket and exec root under ``/run``."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir.resolve()
-        self.socket = self.state_dir / "docker.sock"
-        self.exec_root = self.state_dir / "exec"
+        # the socket and exec root live under a short path of their own: containerd's sockets below the
+        # exec root must fit a unix socket's 107 bytes (a pytest tmp path does not: "timeout waiting for
+        # containerd to start", measured)
+        self.run_dir = Path("/run") / f"kvd-docker-{hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:8]}"
+        self.socket = self.run_dir / "docker.sock"
+        self.exec_root = self.run_dir / "exec"
         self.pidfile = self.state_dir / "dockerd.pid"
         # the host before the start, on disk so `kvdrill docker down` can restore it after a crash
         self.snapshot = self.state_dir / "host-before.json"
@@ -172,6 +178,7 @@ class OwnedEngine:
             raise DockerEngineError(f"a dockerd from an earlier kvdrill session still runs (pid {self.running_pid()}, "
                                     f"{self.state_dir}); stop it with `kvdrill docker down` before starting another")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.before = HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else HostNetState.now()
         self.snapshot.write_text(self.before.to_json())  # an older one stays: it is the host before *any* engine
         log_file = (self.state_dir / "dockerd.log").open("ab")
@@ -240,7 +247,9 @@ class OwnedEngine:
                 os.killpg(pid, signal.SIGKILL)
             if self.popen is not None:
                 report["returncode"] = self.popen.wait()
-        report["unmounted"] = unmount_under(self.exec_root)
+        # nsfs mounts under the exec root, and the bind mount dockerd makes of its own data root
+        report["unmounted"] = unmount_under(self.exec_root) + unmount_under(self.state_dir / "root")
+        shutil.rmtree(self.run_dir, ignore_errors=True)
         before = self.before or (HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else None)
         if before is not None:
             report["host"] = restore_host(before)

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import docker
-import httpx
 import pytest
 
 from drills.stack.dockerd import LABEL, HostNetState, OwnedEngine, default_engine_running
@@ -57,15 +56,13 @@ def test_an_owned_engine_runs_containers_and_leaves_the_host_as_it_found_it(tmp_
     finally:
         report = engine.stop(remove_images=False)
     assert engine.popen.returncode is not None
-    with pytest.raises(httpx.TransportError):
-        httpx.get("http://docker/_ping", transport=httpx.HTTPTransport(uds=str(engine.socket)), timeout=2)
     assert report["removed"]["containers"] == ["kvd-test-ct"] and report["removed"]["networks"] == ["kvd-test"]
     after = HostNetState.now()
     assert not _docker_rules(), f"Docker's rules outlived the engine: {_docker_rules()}"
     assert after.rules == before.rules and after.ip_forward == before.ip_forward
     assert "docker0" not in after.links and after.links == before.links
     assert after.nft_tables == before.nft_tables
-    assert _mounts_under(engine.exec_root) == []
+    assert _mounts_under(engine.exec_root) == [] and _mounts_under(engine.state_dir) == []
     with pytest.raises(docker.errors.DockerException):
         docker.DockerClient(base_url=engine.base_url, timeout=2).ping()
 
@@ -76,24 +73,29 @@ def test_kvdrill_docker_down_cleans_up_after_a_session_that_left_its_engine_runn
     the start wrote to disk."""
     before = HostNetState.now()
     state = tmp_path / "docker"
-    up = subprocess.run([str(KVDRILL), "docker", "up", "--state-dir", str(state)], capture_output=True, text=True,
-                        timeout=120)
-    assert up.returncode == 0, up.stderr
-    assert f"DOCKER_HOST=unix://{state / 'docker.sock'}" in up.stdout
     engine = OwnedEngine(state)
-    pid = engine.running_pid()
-    assert pid is not None and (state / "host-before.json").is_file()
-    client = engine.connect()
-    client.networks.create("kvd-left", driver="bridge", labels={LABEL: "1"})  # what the crashed session left
-    client.close()
-    again = subprocess.run([str(KVDRILL), "docker", "up", "--state-dir", str(state)], capture_output=True, text=True,
-                           timeout=120)
-    assert again.returncode == 2 and "still runs" in again.stderr  # never a second daemon on the same roots
-    down = subprocess.run([str(KVDRILL), "docker", "down", "--state-dir", str(state)], capture_output=True, text=True,
-                          timeout=120)
+
+    def kvdrill(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(KVDRILL), "docker", *args, "--state-dir", str(state)], capture_output=True,
+                              text=True, timeout=120)
+
+    up = kvdrill("up")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"DOCKER_HOST={engine.base_url}" in up.stdout
+        pid = engine.running_pid()
+        assert pid is not None and (state / "host-before.json").is_file()
+        client = engine.connect()
+        client.networks.create("kvd-left", driver="bridge", labels={LABEL: "1"})  # what the crashed session left
+        client.close()
+        again = kvdrill("up")
+        assert again.returncode == 2 and "still runs" in again.stderr  # never a second daemon on the same roots
+    finally:
+        down = kvdrill("down")
     assert down.returncode == 0, down.stderr
     assert '"kvd-left"' in down.stdout
     assert not Path(f"/proc/{pid}").exists() and engine.running_pid() is None
     after = HostNetState.now()
     assert not _docker_rules() and after.rules == before.rules and after.links == before.links
     assert after.ip_forward == before.ip_forward and not (state / "host-before.json").exists()
+    assert _mounts_under(state) == [] and _mounts_under(engine.run_dir) == []
