@@ -17,9 +17,10 @@ def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
     if history.first("drill.cut_short") is not None:
         # the engine never came up (drills/runner.py): there are no answers to compare, no hit rate and
         # no drain, so only liveness can say anything; the others are "not run", never passed
-        if checks.liveness.enabled:
-            results.append(_guarded("liveness", malformed, lambda: liveness.check(view, checks.liveness)))
-        return results
+        if not checks.liveness.enabled:  # never a PASS of a drill whose engine did not run
+            return [CheckResult("liveness", "error", "the engine never came up, and liveness, the only check "
+                                                     "that can judge that, is disabled in this scenario")]
+        return [_guarded("liveness", malformed, lambda: liveness.check(view, checks.liveness))]
     correct = _guarded("correctness", malformed, lambda: correctness.check(view, checks.correctness)) \
         if checks.correctness.enabled else None
     if correct:

@@ -133,6 +133,8 @@ def test_an_engine_that_never_comes_up_fails_liveness_with_its_root_cause(tmp_pa
     assert result.summary == ("engine exited with code 1 before becoming healthy in up (after 71.5s): ConnectionError: "
                               "LMCache server did not respond to register_kv_caches within 60.0s. Is the server running?")
     assert result.evidence[0]["kind"] == "start_failed" and result.evidence[0]["log_tail"] == D10_TAIL
+    [off] = run_checks(history, ChecksSpec.model_validate({"liveness": {"enabled": False}}))
+    assert off.verdict == "error" and "never came up" in off.summary  # never a PASS without the engine
 
 
 def test_a_baseline_that_never_comes_up_is_no_liveness_finding(tmp_path: Path):
