@@ -193,7 +193,10 @@ def expand(path: Path) -> list[Variant]:
                 continue  # the base already is this variant (or it is listed twice)
             doc = copy.deepcopy(base)
             if var == "tier":
-                _set(doc, ("chaos", "actions"), list(TIER_ACTIONS[value]))
+                # a base that empties APC by restarting the engine keeps doing so: only the tier varies
+                restart = "restart_engine" in base_model.scenario.chaos.actions
+                _set(doc, ("chaos", "actions"), ["restart_engine" if a == "reset_prefix_cache" and restart else a
+                                                 for a in TIER_ACTIONS[value]])
             else:
                 _set(doc, parts, value)
             doc["name"] = f"{name}--{slug(var, value, variables)}"

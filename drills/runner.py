@@ -166,7 +166,7 @@ class Runner:
                                     interrupted_phase=self.journal.phase,
                                     after_request_s=round(time.time() - req.requested_at, 3) if req else None)
             except ServiceStartError as exc:
-                if exc.service not in UNDER_TEST:
+                if exc.service not in UNDER_TEST or not self._vllm_proven():
                     verdict, reason = "error", str(exc)
                 else:
                     # the engine under test never came up: that is the drill's finding, judged by liveness
@@ -443,6 +443,12 @@ class Runner:
         self.journal.append("drain.result", returned=not above, still_above=above, deadline_s=deadline_s,
                             waited_s=round(time.monotonic() - started, 1))
         return not above
+
+    def _vllm_proven(self) -> bool:
+        """The baseline, the same vLLM without a cache, came up healthy in this stack: then an engine that
+        does not is a finding about the cache path, not a broken install or a host out of memory."""
+        return bool(self.reused_from) or any(e.data.get("service") == "baseline"
+                                             for e in self.journal_events("service.healthy"))
 
     def journal_events(self, type_: str):
         return read_history(self.journal.path).of_type(type_)

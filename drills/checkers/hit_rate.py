@@ -126,9 +126,9 @@ def _nothing_stored(view: RunView, details: dict[str, Any], evidence: list[dict[
         return []
     said = warm.data.get("connector_log") or []
     details["warm_stored"] = {"chunks": warm.data.get("chunks"), "stored_chunks": 0, "ref": warm.ref}
-    evidence += [{"kind": "log", "ref": f"logs/engine.log:{m['line']}", "text": m["text"]} for m in said]
+    evidence += [{"kind": "log", "ref": f"logs/engine.log:{m.get('line')}", "text": m.get("text")} for m in said]
     evidence.append({"kind": "warm", "ref": warm.ref, "note": "the warm-up's store record"})
-    why = f": {said[-1]['text'].strip()[:200]}" if said else ""
+    why = f": {str(said[-1].get('text', '')).strip()[:200]}" if said else ""
     return [f"the KV connector is configured but stored 0 of {warm.data.get('chunks')} chunks in warm-up "
             f"({warm.data.get('waited_s')}s, no key in the store, no Stored line){why}"]
 

@@ -100,9 +100,13 @@ def check(view: RunView, opts: LeaksCheck) -> CheckResult:
                           "text": f"vLLM KV-cache usage {base_kv:.1%} -> {end_kv:.1%} with no request running"})
 
     details["leaks"] = len(leaks)
+    # not this drill's, but never silent: a suite's repair found them when it stopped the previous engine
+    earlier = details.get("shm_segments_before_baseline") or []
+    aside = (f"; not counted: {len(earlier)} /dev/shm segment(s) an earlier drill's engine left, removed when "
+             f"this drill's stack was repaired ({earlier[0]['ref']})") if earlier else ""
     if not leaks:
         return CheckResult("leaks", "pass", f"everything returned to its pre-chaos value within "
-                                            f"{drain.data.get('waited_s')}s of drain", details=details)
+                                            f"{drain.data.get('waited_s')}s of drain{aside}", details=details)
     head = "; ".join(item["text"] for item in leaks[:3])
     more = f" (+{len(leaks) - 3} more)" if len(leaks) > 3 else ""
-    return CheckResult("leaks", "fail", f"{len(leaks)} leak(s): {head}{more}", evidence=leaks, details=details)
+    return CheckResult("leaks", "fail", f"{len(leaks)} leak(s): {head}{more}{aside}", evidence=leaks, details=details)

@@ -38,10 +38,14 @@ def check(view: RunView, opts: LivenessCheck) -> CheckResult:
     deaths = [{"kind": "service_died", "ref": e.ref, "phase": e.phase, "at": e.ts, "service": e.data.get("service"),
                "returncode": e.data.get("returncode"), "log_tail": e.data.get("log_tail", [])[-8:]}
               for e in view.history.of_type("service.died")]
+    # a failed start the runner recovered from (a suite's repair, then a fresh stack) is no finding;
+    # the one that cut the drill short is
+    cut_short = view.history.first("drill.cut_short") is not None
     deaths += [{"kind": "start_failed", "ref": e.ref, "phase": e.phase, "at": e.ts, "service": e.data.get("service"),
                 "returncode": e.data.get("returncode"), "waited_s": e.data.get("waited_s"),
                 "summary": e.data.get("summary"), "log": e.data.get("log"), "log_tail": e.data.get("log_tail", [])}
-               for e in view.history.of_type("service.start_failed") if e.data.get("service") == "engine"]
+               for e in view.history.of_type("service.start_failed") if e.data.get("service") == "engine"
+               and cut_short]
     answered = sum(1 for e in view.responses if e.data.get("target") == "engine" and e.data.get("ok"))
     details = {"answered": answered, "incidents": len(incidents), "expected_unavailable": expected,
                "deaths": len(deaths)}

@@ -79,11 +79,14 @@ class ProcessStack:
         async def once() -> bool:
             nonlocal attempts
             attempts += 1
-            r = await self.http.post(url, timeout=10)
-            if r.status_code == 404:
-                raise StackError(f"{url} answered 404: the engine runs without VLLM_SERVER_DEV_MODE=1")
-            r.raise_for_status()
-            return bool(r.json().get("success"))
+            try:
+                r = await self.http.post(url, timeout=10)
+                if r.status_code == 404:
+                    raise StackError(f"{url} answered 404: the engine runs without VLLM_SERVER_DEV_MODE=1")
+                r.raise_for_status()
+                return bool(r.json().get("success"))
+            except (httpx.HTTPError, ValueError) as exc:  # a dead or broken engine: a stack error, not a crash
+                raise StackError(f"{url}: {type(exc).__name__}: {exc}") from exc
 
         retrying = AsyncRetrying(retry=retry_if_result(lambda ok: not ok), wait=wait_fixed(0.5),
                                  stop=stop_after_delay(APC_RESET_DEADLINE_S))

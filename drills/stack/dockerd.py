@@ -46,6 +46,34 @@ def _out(*argv: str) -> str:
     return proc.stdout if proc.returncode == 0 else ""
 
 
+def _must(*argv: str) -> str:
+    """A read the cleanup depends on: a failed one must not pass for "nothing there" (every rule read
+    as empty at the snapshot would later look new, and Docker's, and be deleted)."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DockerEngineError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def other_dockerds(own_socket: str | None = None) -> list[int]:
+    """Pids of dockerd processes that are not the one serving ``own_socket`` (read from /proc: only to
+    refuse, never to signal)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name == "dockerd" and (
+                own_socket is None or own_socket.encode() not in argv):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
 def _docker_owned(line: str) -> bool:
     return "DOCKER" in line or "docker0" in line or " br-" in line
 
@@ -62,17 +90,22 @@ class HostNetState:
 
     def to_json(self) -> str:
         return json.dumps({"rules": {t: sorted(r) for t, r in self.rules.items()}, "ip_forward": self.ip_forward,
-                           "links": sorted(self.links), "nft_tables": sorted(self.nft_tables), "paths": self.paths})
+                           "links": sorted(self.links), "nft_tables": sorted(self.nft_tables), "paths": self.paths,
+                           "boot_id": _boot_id()})
 
     @classmethod
-    def from_json(cls, text: str) -> HostNetState:
+    def from_json(cls, text: str) -> HostNetState | None:
+        """The stored snapshot, or None when it is from before the last boot (the host it describes,
+        and everything the old dockerd changed, is gone)."""
         d = json.loads(text)
+        if d.get("boot_id") != _boot_id():
+            return None
         return cls({t: frozenset(r) for t, r in d["rules"].items()}, d["ip_forward"], frozenset(d["links"]),
                    frozenset(d["nft_tables"]), d["paths"])
 
     @classmethod
     def now(cls) -> HostNetState:
-        rules = {t: frozenset(_out("iptables", "-t", t, "-S").splitlines()) for t in TABLES}
+        rules = {t: frozenset(_must("iptables", "-w", "5", "-t", t, "-S").splitlines()) for t in TABLES}
         links = frozenset(line.split(":")[1].strip().split("@")[0] for line in _out("ip", "-o", "link").splitlines()
                           if line.count(":") >= 2)
         tables = frozenset(line.removeprefix("table ").strip() for line in _out("nft", "list", "tables").splitlines())
@@ -177,9 +210,16 @@ class OwnedEngine:
         if self.running_pid() is not None:
             raise DockerEngineError(f"a dockerd from an earlier kvdrill session still runs (pid {self.running_pid()}, "
                                     f"{self.state_dir}); stop it with `kvdrill docker down` before starting another")
+        others = other_dockerds()
+        if others or default_engine_running():
+            # its docker0 and DOCKER chains are the ones ours would create and later take away again
+            raise DockerEngineError(f"another Docker engine runs on this host (dockerd pids {others or '?'}); kvdrill "
+                                    "does not share the host's bridge and iptables chains with an engine it did "
+                                    "not start: stop that engine, or drill it by naming it in the scenario")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.before = HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else HostNetState.now()
+        stored = HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else None
+        self.before = stored or HostNetState.now()
         self.snapshot.write_text(self.before.to_json())  # an older one stays: it is the host before *any* engine
         log_file = (self.state_dir / "dockerd.log").open("ab")
         self.popen = subprocess.Popen(
@@ -189,6 +229,7 @@ class OwnedEngine:
         deadline = time.monotonic() + START_DEADLINE_S
         while True:
             if self.popen.poll() is not None:
+                self.stop()  # what it changed before it died goes too
                 raise DockerEngineError(f"dockerd exited with code {self.popen.returncode}; see {self.state_dir / 'dockerd.log'}")
             with contextlib.suppress(Exception):
                 client = docker.DockerClient(base_url=self.base_url, timeout=60)
@@ -251,6 +292,7 @@ class OwnedEngine:
         report["unmounted"] = unmount_under(self.exec_root) + unmount_under(self.state_dir / "root")
         shutil.rmtree(self.run_dir, ignore_errors=True)
         before = self.before or (HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else None)
+        report["snapshot"] = "used" if before is not None else "none (or from before the last boot): host left as is"
         if before is not None:
             report["host"] = restore_host(before)
             self.snapshot.unlink(missing_ok=True)

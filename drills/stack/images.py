@@ -10,6 +10,7 @@ different image, and the label records the suite, the mirror and that list's dig
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -29,19 +30,37 @@ class ImageError(RuntimeError):
 
 
 def mirror() -> str:
-    """The Debian mirror apt already uses on this machine (debootstrap needs one; nothing else is reachable)."""
+    """The Debian mirror apt already uses for the main archive (debootstrap needs one; nothing else is
+    reachable here): ``KVDRILL_DEBIAN_MIRROR`` if set, else the first source for the ``bookworm`` suite
+    itself (not -security, -updates or a third-party repository)."""
+    if os.environ.get("KVDRILL_DEBIAN_MIRROR"):
+        return os.environ["KVDRILL_DEBIAN_MIRROR"]
     for source in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
         try:
             text = source.read_text()
         except OSError:
             continue
-        for line in text.splitlines():
-            parts = line.split()
-            if parts[:1] == ["deb"] and len(parts) >= 3:
-                return next(p for p in parts[1:] if p.startswith(("http://", "https://", "file:")))
-            if line.startswith("URIs:"):
-                return line.split()[1]
-    raise ImageError("no Debian mirror in /etc/apt/sources.list*: debootstrap needs one")
+        for uri, suites, components in _entries(text):
+            if SUITE in suites and "main" in components and "security" not in uri:
+                return uri
+    raise ImageError("no Debian mirror for bookworm in /etc/apt/sources.list*: set KVDRILL_DEBIAN_MIRROR")
+
+
+def _entries(text: str) -> list[tuple[str, list[str], list[str]]]:
+    """(uri, suites, components) of one-line (``deb [opts] URI SUITE COMPONENT...``) and deb822 sources."""
+    out: list[tuple[str, list[str], list[str]]] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["deb"]:
+            rest = [p for p in parts[1:] if not p.startswith("[")] if "]" not in line else line.split("]", 1)[1].split()
+            if len(rest) >= 2:
+                out.append((rest[0], [rest[1]], rest[2:]))
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(":", 1) for line in stanza.splitlines() if ":" in line and not line.startswith("#"))
+        if "URIs" in fields and "Suites" in fields:
+            out += [(uri, fields["Suites"].split(), fields.get("Components", "").split())
+                    for uri in fields["URIs"].split()]
+    return out
 
 
 def base_tarball() -> Path:
@@ -59,7 +78,11 @@ def base_tarball() -> Path:
         if proc.returncode != 0:
             raise ImageError(f"debootstrap failed ({proc.returncode}): {proc.stderr[-2000:] or proc.stdout[-2000:]}")
         partial = out.with_suffix(".partial")
-        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."], check=True)
+        proc = subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(partial), "."],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise ImageError(f"tar of the rootfs failed: {proc.stderr[-1000:]}")
         partial.rename(out)
     return out
 

@@ -298,8 +298,11 @@ class ProcessDriver:
 
     def _start_failed(self, svc: RunningService, what: str) -> ServiceStartError:
         waited = round(time.monotonic() - svc.started_at, 1)
-        # a Python traceback buries the root cause tens of lines above the end: keep enough to reach it
+        # a Python traceback buries the root cause tens of lines above the end: keep enough to reach it,
+        # but only this generation's (the log is appended across restarts, after a start marker)
         tail = log_tail(svc.log_path, 80).splitlines()
+        marker = f"kvdrill: start {svc.spec.name} generation {svc.generation} "
+        tail = tail[max((i for i, line in enumerate(tail) if marker in line), default=-1) + 1:]
         self.journal.append("service.start_failed", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
                             returncode=svc.popen.poll(), waited_s=waited, startup_deadline_s=svc.spec.startup_deadline,
                             summary=what, log=f"logs/{svc.log_path.name}", log_tail=tail)

@@ -73,6 +73,7 @@ def test_segments_a_suite_repair_left_before_the_baseline_are_reported_not_count
     result = leaks.check(RunView(read_history(tmp_path / "a")), LeaksCheck())
     assert result.verdict == "pass", result.summary
     assert result.details["shm_segments_before_baseline"][0]["segment"] == "/dev/shm/lmcache_kv_30512_0"
+    assert "not counted: 1 /dev/shm segment(s) an earlier drill's engine left" in result.summary
 
 
 def test_leaks_is_an_error_without_a_drain(tmp_path: Path):

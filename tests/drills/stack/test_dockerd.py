@@ -37,3 +37,18 @@ def test_docker_s_rules_chains_policy_and_bridges_go_and_nothing_else():
 def test_a_host_docker_never_touched_needs_nothing():
     same = state(BEFORE_FILTER, [], {"lo"})
     assert restore_plan(same, same) == []
+
+
+def test_the_debootstrap_mirror_is_debian_s_main_archive_not_a_third_party_repo(tmp_path, monkeypatch):
+    from drills.stack import images
+
+    one_line = ("deb [arch=amd64 signed-by=/k.gpg] https://download.docker.com/linux/debian bookworm stable\n"
+                "deb http://deb.debian.org/debian-security bookworm-security main\n"
+                "deb http://mirror.example/debian bookworm main contrib\n")
+    assert [u for u, s, c in images._entries(one_line) if images.SUITE in s and "main" in c
+            and "security" not in u] == ["http://mirror.example/debian"]
+    deb822 = ("Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+              "Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\nComponents: main\n")
+    assert images._entries(deb822)[0] == ("http://deb.debian.org/debian", ["bookworm", "bookworm-updates"], ["main"])
+    monkeypatch.setenv("KVDRILL_DEBIAN_MIRROR", "http://override.example/debian")
+    assert images.mirror() == "http://override.example/debian"

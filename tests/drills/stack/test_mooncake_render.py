@@ -140,3 +140,9 @@ def test_a_warm_up_that_logged_stores_but_holds_no_key_is_still_a_stack_error(tm
     # LMCache says it stored, the master disagrees: a store path that is broken, not absent (see D6)
     with pytest.raises(StackError, match="warm-up incomplete"):
         _warm(tmp_path, monkeypatch, "LMCache INFO: Stored 256 out of total 600 tokens\n", deadline_s=1.0)
+
+
+def test_a_slow_warm_up_without_the_connector_s_words_is_waited_for_not_judged(tmp_path, monkeypatch):
+    # no key, no Stored line, but LMCache never said it runs degraded: keep waiting, then a stack error
+    with pytest.raises(StackError, match="warm-up incomplete"):
+        _warm(tmp_path, monkeypatch, "INFO: started\n", deadline_s=1.0)

@@ -51,8 +51,14 @@ def test_retries_while_vllm_holds_blocks_and_never_resets_the_connector(tmp_path
 
 
 def test_without_dev_mode_the_error_says_what_to_set(tmp_path: Path):
-    _, result = _run(tmp_path, [httpx.Response(404)])
+    seen, result = _run(tmp_path, [httpx.Response(404)])
     assert isinstance(result, StackError) and "VLLM_SERVER_DEV_MODE=1" in str(result)
+    assert len(seen) == 1  # an error is not retried: only success=false is
+
+
+def test_a_dead_engine_is_a_stack_error_not_a_crash(tmp_path: Path):
+    _, result = _run(tmp_path, [httpx.Response(500, text="boom")])
+    assert isinstance(result, StackError) and "HTTPStatusError" in str(result)
 
 
 def test_gives_up_at_the_deadline_naming_the_attempts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
