@@ -93,13 +93,17 @@ def _false_alarm(e: SuiteEntry) -> dict[str, Any]:
 
 def summarize(source: Path, requested: int, outcome: SuiteOutcome, reuse_stack: bool) -> dict[str, Any]:
     ran = [e for e in outcome.entries if e.exit_code is not None]
+    # the drill the operator's stop cut off measured nothing: it is no false alarm, and no run
+    stopped = [e.run_id for e in ran if outcome.interrupted and e.verdict == "aborted"]
+    ran = [e for e in ran if e.run_id not in stopped]
     alarms = [_false_alarm(e) for e in ran if e.verdict != "pass"]
     by_verdict: dict[str, int] = {}
     for e in ran:
         by_verdict[e.verdict] = by_verdict.get(e.verdict, 0) + 1
     return {"scenario": str(source), "requested": requested, "runs": len(ran), "verdicts": by_verdict,
             "false_alarms": len(alarms), "false_fail": by_verdict.get("fail", 0), "stack": "reused" if reuse_stack
-            else "fresh for every run", "took_s": round(sum(e.took_s for e in ran), 1), "alarms": alarms}
+            else "fresh for every run", "took_s": round(sum(e.took_s for e in ran), 1), "alarms": alarms,
+            "interrupted": stopped}
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -109,6 +113,8 @@ def markdown(summary: dict[str, Any]) -> str:
              f"- runs: {s['runs']} of {s['requested']} requested; stack {s['stack']}; {s['took_s']:.0f} s of drills",
              f"- verdicts: {', '.join(f'{k.upper()} {v}' for k, v in sorted(s['verdicts'].items())) or 'none'}",
              f"- false FAIL: {s['false_fail']}", ""]
+    if s.get("interrupted"):
+        lines[-1:] = [f"- stopped by the operator during {', '.join(s['interrupted'])} (not counted)", ""]
     if s["alarms"]:
         lines += ["## False alarms", ""]
         for a in s["alarms"]:

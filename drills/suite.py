@@ -154,7 +154,10 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
             console.print(f"  -> {entry.verdict.upper()} (exit {entry.exit_code}, {entry.took_s:.0f}s, "
                           f"stack {entry.stack})")
             if switch.request is not None:
-                break  # Ctrl-C, SIGTERM or `kvdrill abort`: the operator stops the whole suite, not one drill
+                # Ctrl-C, SIGTERM or `kvdrill abort`: the operator stops the whole suite, not one drill
+                outcome.interrupted = True
+                journal.append("suite.interrupted", note="stopped during a drill", reason=switch.request.reason)
+                break
             if fail_fast and result.exit_code != 0:
                 break
     except asyncio.CancelledError:

@@ -78,3 +78,17 @@ def test_alarms_are_counted_and_shown_with_their_evidence(tmp_path):
     text = markdown(s)
     assert text.startswith("# kvdrill campaign: 2 false alarm(s) in 3 clean runs")
     assert "- leaks FAIL: LMCache active_sessions 0 -> 1 (`journal.jsonl#305`)" in text
+
+
+def test_the_drill_an_operator_stop_cut_off_is_no_false_alarm(tmp_path):
+    entries, _ = load_all(write_clean_scenarios(source(tmp_path), 3, tmp_path / "sc", reuse_stack=False))
+    for e, verdict in zip(entries, ["pass", "pass", "aborted"]):
+        e.verdict, e.exit_code, e.took_s, e.run_id = verdict, {"pass": 0, "aborted": 3}[verdict], 10.0, f"run-{verdict}"
+    e.run_id = "run-stopped"
+    s = summarize(tmp_path / "x.yaml", 50, SuiteOutcome(suite_dir=tmp_path, entries=entries, interrupted=True),
+                  reuse_stack=False)
+    assert s["false_alarms"] == 0 and s["runs"] == 2 and s["interrupted"] == ["run-stopped"]
+    assert "stopped by the operator during run-stopped (not counted)" in markdown(s)
+    # an ABORTED run of a campaign nobody stopped (a halt condition tripping on a clean run) is an alarm
+    s = summarize(tmp_path / "x.yaml", 3, SuiteOutcome(suite_dir=tmp_path, entries=entries), reuse_stack=False)
+    assert s["false_alarms"] == 1 and s["interrupted"] == []
