@@ -23,6 +23,23 @@ err = Console(stderr=True)
 REPORTS = typer.Option(Path("reports"), "--reports-dir", help="where run directories are written")
 
 
+def _on_stack(loaded, ref: str):
+    """The scenario with ``stack.ref`` replaced, validated as if the file had said it (an unknown stack
+    gets the same error, with the allowed values, as a typo in the file)."""
+    import dataclasses
+
+    from pydantic import ValidationError
+
+    from drills.scenario import StackSpec
+
+    try:
+        spec = StackSpec.model_validate({**loaded.scenario.stack.model_dump(mode="json"), "ref": ref})
+    except ValidationError as exc:
+        typer.echo(f"--stack {ref}: {exc.errors()[0]['msg']}", err=True)
+        raise typer.Exit(2) from exc
+    return dataclasses.replace(loaded, scenario=loaded.scenario.model_copy(update={"stack": spec}))
+
+
 def _load(path: Path):
     from drills.matrix import is_matrix_file
 
@@ -85,6 +102,8 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
         as_json: bool = typer.Option(False, "--json", help="with --dry-run: the plan as JSON"),
         allow_target: list[str] = typer.Option([], "--allow-target", help="an outside host the drill may contact; "
                                                "the scenario's targets.hosts must name it too (repeatable)"),
+        stack: str | None = typer.Option(None, "--stack", help="run on this stack instead of the scenario's "
+                                         "stack.ref (e.g. sandbox-docker: the same drill in containers)"),
         ) -> None:
     """Run one drill end to end on a stack it starts, and write its report (--dry-run: only the plan;
     exit 0 if allowed, 2 with the refusals). Ctrl-C, SIGTERM and `kvdrill abort` stop it: faults
@@ -93,6 +112,8 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
     from drills.runner import Runner
 
     loaded = _load(scenario)
+    if stack is not None:
+        loaded = _on_stack(loaded, stack)
     if dry_run:
         from drills import dryrun
 

@@ -26,15 +26,16 @@ from drills.gameday.pause import CONFIRM_TIMEOUT_S
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario
-from drills.stack import mooncake, sandbox
+from drills.stack import docker_sandbox, mooncake, sandbox
 
 RUN_ID = "<run-id>"  # chosen at run time (timestamp + random suffix: a name, never a choice the drill acts on)
 NETNS_HOST = "kvd-netns"  # stands for the address of the namespace the run creates (chosen at up)
 # the proxies each stack's Toxiproxy serves (SandboxStack.proxies / MooncakeStack.proxies; a unit test
 # keeps these in step) and the links the kernel backend can shape (NetworkParams.link)
-PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"]}
-KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"]}
-COMPOSE = {"sandbox": sandbox.COMPOSE_FILE, "sandbox-mooncake": mooncake.COMPOSE_FILE}
+PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"], "sandbox-docker": ["lmcache"]}
+KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"], "sandbox-docker": []}
+COMPOSE = {"sandbox": sandbox.COMPOSE_FILE, "sandbox-mooncake": mooncake.COMPOSE_FILE,
+           "sandbox-docker": docker_sandbox.COMPOSE_FILE}
 PHASES = ["preflight", "up", "oracle", "warm", "steady", "chaos", "heal", "recovery", "drain", "checks", "report",
           "down"]
 # random choices no scenario seed reaches, said plainly
@@ -64,7 +65,10 @@ class StackView:
         return "http://127.0.0.1:<free port>"
 
     def owned(self) -> Owned:
-        return Owned(dirs=[self.run_dir, self.model_dir.parent], symbolic_hosts={NETNS_HOST} if self.netns else set())
+        # a container stack's L2 is its project's volume, created by the run like its directory
+        volume = [self.l2_dir.parent] if self.ref == "sandbox-docker" and self.l2_dir is not None else []
+        return Owned(dirs=[self.run_dir, self.model_dir.parent, *volume],
+                     symbolic_hosts={NETNS_HOST} if self.netns else set())
 
 
 @dataclass
@@ -81,10 +85,12 @@ class FaultPlan:
 def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     ref = sc.stack.ref
     doc = YAML(typ="safe", pure=True).load(COMPOSE[ref].read_text())
-    services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw["argv"])}
+    # local stacks name a program (argv); the container stack a compose command run in its image
+    services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
                 for name, raw in doc["services"].items()}
     run_dir = reports_dir / RUN_ID
-    l2 = run_dir / "stack" / "l2" if ref == "sandbox" else None
+    l2 = {"sandbox": run_dir / "stack" / "l2",
+          "sandbox-docker": docker_sandbox.engine_state_dir() / "root" / "volumes" / "<project>_l2" / "_data"}.get(ref)
     fs = sc.stack.lmcache.l2_fs if ref == "sandbox" else None
     return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2,
                      l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=ref == "sandbox-mooncake",

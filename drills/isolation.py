@@ -208,6 +208,7 @@ def owned_by_stack(stack: Any) -> Owned:
     dirs = [Path(stack.run_dir)]
     if getattr(stack, "model_dir", None) is not None:
         dirs.append(Path(stack.model_dir).parent)  # kvdrill's own model cache (the model injector's v1/v2)
+    dirs += [Path(d) for d in getattr(stack, "owned_dirs", [])]  # e.g. a container stack's L2 volume
     addrs: set[str] = set()
     netns = getattr(stack, "netns", None)
     if netns is not None and getattr(stack, "netns_created", False):

@@ -206,6 +206,29 @@ def _stop_processes(run_dir: Path, history: History, report: RollbackReport, gra
     _remove_shm(every | _recorded_pids(history), report)
 
 
+def _remove_projects(history: History, report: RollbackReport) -> None:
+    """A container stack's compose project: its containers (forced: SIGKILL), its network and its L2 volume,
+    found by the project label on the engine the journal names. The engine itself is left to `kvdrill
+    docker down`: other runs may use it."""
+    for event in history.of_type("docker.project_created"):
+        project, host = event.data.get("project"), event.data.get("docker_host")
+        if not project or not host:
+            continue
+        try:
+            import docker
+
+            client = docker.DockerClient(base_url=host, timeout=60)
+            label = {"label": f"com.docker.compose.project={project}"}
+            gone = [c.remove(force=True) or c.name for c in client.containers.list(all=True, filters=label)]
+            gone += [n.remove() or f"network {n.name}" for n in client.networks.list(filters=label)]
+            gone += [v.remove(force=True) or f"volume {v.name}" for v in client.volumes.list(filters=label)]
+        except Exception as exc:  # noqa: BLE001 - an engine that is gone took its containers with it
+            report.items.append(Item("containers", "already_healed", f"project {project}: engine {host} not reachable ({exc})"))
+            continue
+        report.items.append(Item("containers", "undone" if gone else "already_healed",
+                                 f"project {project}: " + (f"removed {', '.join(gone)}" if gone else "nothing left")))
+
+
 def _recorded_pids(history: History) -> set[int]:
     """Every pid the journal says belonged to the run: service leaders, stopped groups, fault targets (a
     process fault records the group's members, so a group it killed before the crash still names them)."""
@@ -321,6 +344,7 @@ def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
                        faults=len(list(history.of_type("fault.undo"))))
         argv_of = {e.data.get("pgid", e.data.get("pid")): e.data.get("argv") or [] for e in history.of_type("service.started")}
         _undo_faults(history, report, argv_of)
+        _remove_projects(history, report)
         _stop_processes(run_dir, history, report, grace)
         _remove_filesystems(history, report)
         _delete_namespaces(history, report)

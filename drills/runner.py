@@ -91,6 +91,10 @@ def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.Asy
                                shutdown_timeout=spec.engine.shutdown_timeout,
                                transfer_timeout=spec.mooncake.transfer_timeout, cpu_shim=spec.mooncake.cpu_shim)
         return MooncakeStack(opts, run_dir, journal, http)
+    if spec.ref == "sandbox-docker":
+        from drills.stack.docker_sandbox import DockerSandboxStack  # the docker SDK only where containers run
+
+        return DockerSandboxStack(spec, run_dir, journal, http)
     return SandboxStack(spec, run_dir, journal, http)
 
 
@@ -224,7 +228,9 @@ class Runner:
         else:
             with self._phase("up", "starting LMCache server, vLLM engine and baseline vLLM"):
                 await self.stack.up()
-            self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"))
+            image = getattr(self.stack, "image", None)  # a container stack: the image every service ran
+            self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"),
+                                **({"image": image} if image else {}))
 
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
         self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py)

@@ -115,9 +115,10 @@ class MooncakeSpec(_Strict):
 
 
 class StackSpec(_Strict):
-    ref: Literal["sandbox", "sandbox-mooncake"] = Field(
-        "sandbox", description="which stack under compose/ runs the drill: sandbox (LMCache MP server, fs L2) "
-                               "or sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace)")
+    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-docker"] = Field(
+        "sandbox", description="which stack under compose/ runs the drill: sandbox (LMCache MP server, fs L2), "
+                               "sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace) or "
+                               "sandbox-docker (the sandbox as containers on kvdrill's own Docker engine)")
     lmcache: LMCacheOptions = LMCacheOptions()
     engine: EngineOptions = EngineOptions()
     mooncake: MooncakeSpec = MooncakeSpec()

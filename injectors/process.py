@@ -91,6 +91,8 @@ def undo(record: dict[str, Any]) -> HealReport:
         why = "left down by the fault (the stack is stopped, not restarted)" if action == "start" else "nothing to undo"
         report.already_healed.append(f"{service}: {why}")
         return report
+    if record.get("container_id"):
+        return _undo_container(record, report)
     members = group_members(pgid) if pgid else set()
     if not members:
         report.already_healed.append(f"{service} group {pgid} is gone")
@@ -102,6 +104,35 @@ def undo(record: dict[str, Any]) -> HealReport:
     os.killpg(pgid, signal.SIGCONT)
     (report.undone if stopped else report.already_healed).append(
         f"SIGCONT to {service} group {pgid}" + (f" ({len(stopped)} stopped process(es))" if stopped else " (none was stopped)"))
+    return report
+
+
+def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
+    """SIGCONT to every process of the recorded container, while it still runs the recorded generation."""
+    import docker
+
+    from drills.stack.containers import container_pids
+
+    service, pid = record.get("service"), record.get("pgid")
+    try:
+        client = docker.DockerClient(base_url=record["docker_host"], timeout=30)
+        container = client.containers.get(record["container_id"])
+    except Exception as exc:  # noqa: BLE001 - engine or container gone: nothing is frozen any more
+        report.already_healed.append(f"{service}: container {record['container_id'][:12]} not reachable ({exc})")
+        return report
+    state = container.attrs.get("State", {})
+    if not state.get("Running") or state.get("Pid") != pid:
+        report.already_healed.append(f"{service}: container no longer runs pid {pid}; not signalled")
+        return report
+    pids = container_pids(container)
+    stopped = [p for p, s in process_states(pids).items() if s == "T"]
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    (report.undone if stopped else report.already_healed).append(
+        f"SIGCONT to {service} container {container.name} ({len(stopped)} stopped process(es))")
     return report
 
 
@@ -118,6 +149,7 @@ class ProcessFault(Injector):
         self.frozen_after_s: float | None = None  # stop: seconds from the SIGSTOP until every process was in T
         self._healed = False
         self._thaw: asyncio.Task | None = None
+        self._svc = None  # the generation the fault acts on (a restart replaces the stack's entry)
 
     def _service(self):
         svc = self.ctx.stack.driver.services.get(self.p.service)
@@ -129,7 +161,8 @@ class ProcessFault(Injector):
 
     async def plan(self) -> list[dict[str, Any]]:
         svc = self._service()
-        members = group_members(svc.pid)
+        self._svc = svc
+        members = svc.group()
         self.target = {"service": self.p.service, "pgid": svc.pid, "generation": svc.generation,
                        "members": sorted(members), "states": process_states(members)}
         return [self.target]
@@ -141,7 +174,7 @@ class ProcessFault(Injector):
         undo = {"term": "start", "kill": "start", "stop": "cont", "cont": "none", "restart": "none"}[self.p.action]
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name,
                                 undo={"action": undo, "service": self.p.service, "pgid": svc.pid,
-                                      "argv": svc.spec.argv})
+                                      "argv": svc.spec.argv, **svc.undo_target()})
         if self.p.action == "restart":
             self.injected_at = time.time()
             self.landing = await self._probe_landing()
@@ -154,7 +187,7 @@ class ProcessFault(Injector):
             return
         sig = SIGNALS[self.p.action]
         try:
-            os.killpg(svc.pid, sig)
+            svc.signal(sig)
         except ProcessLookupError as exc:
             raise InjectionError(f"process: group {svc.pid} of {self.p.service} is already gone") from exc
         self.injected_at = time.time()
@@ -166,22 +199,22 @@ class ProcessFault(Injector):
             # the fault is in place when the whole group is stopped, not when the signal is queued: verify
             # reads that, and freeze_for counts from it (a SIGCONT sent before a SIGSTOP lands cancels it,
             # so a timer counted from the signal could thaw a group that never froze)
-            members = set(self.target["members"]) | group_members(svc.pid)
+            members = set(self.target["members"]) | svc.group()
             states = await until_frozen(members)
             self.frozen_after_s = round(time.time() - self.injected_at, 3) if frozen(states) else None
             if self.p.freeze_for is not None:
-                self._thaw = asyncio.create_task(self._thaw_later(svc.pid, self.p.freeze_for))
+                self._thaw = asyncio.create_task(self._thaw_later(svc, self.p.freeze_for))
 
     async def _probe_landing(self) -> dict[str, Any] | None:
         """Right after the signal: was a KV store still in flight? (the mid-store question)."""
         probe = self.ctx.landing_probe
         return await probe() if probe is not None else None
 
-    async def _thaw_later(self, pgid: int, after: float) -> None:
+    async def _thaw_later(self, svc, after: float) -> None:
         await asyncio.sleep(after)
         try:
-            os.killpg(pgid, signal.SIGCONT)
-            self.ctx.journal.append("fault.thawed", fault_id=self.ctx.fault_id, pgid=pgid, after_s=after,
+            svc.signal(signal.SIGCONT)
+            self.ctx.journal.append("fault.thawed", fault_id=self.ctx.fault_id, pgid=svc.pid, after_s=after,
                                     frozen_after_s=self.frozen_after_s)
         except ProcessLookupError:
             pass
@@ -190,7 +223,7 @@ class ProcessFault(Injector):
         action = self.p.action
         if action == "restart":
             svc = self._service()
-            ok = svc.pid != self.target["pgid"] and svc.ready_s is not None and not group_members(self.target["pgid"])
+            ok = svc.pid != self.target["pgid"] and svc.ready_s is not None and not self._svc.group()
             return Proof(ok, f"{self.p.service} restarted: pid {self.target['pgid']} -> {svc.pid}, "
                              f"generation {svc.generation}, healthy after {svc.ready_s or 0:.1f}s",
                          [{"old_pgid": self.target["pgid"], "new_pid": svc.pid, "landing": self.landing}])
@@ -203,7 +236,7 @@ class ProcessFault(Injector):
                 # operator's SIGTERM is followed by SIGKILL, so the drill does the same and says so
                 escalated = sorted(left)
                 try:
-                    os.killpg(pgid, signal.SIGKILL)
+                    self._svc.signal(signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 self.ctx.journal.append("fault.escalated", fault_id=self.ctx.fault_id, pgid=pgid,
@@ -218,7 +251,7 @@ class ProcessFault(Injector):
                   "escalated_pids": escalated}])
         # read at once: inject returned after the SIGSTOP landed (or gave up waiting), and a SIGCONT wakes
         # the group before kill() returns; no await here, so a freeze_for thaw cannot run before the read
-        members = set(self.target["members"]) | group_members(pgid)
+        members = set(self.target["members"]) | self._svc.group()
         states = process_states(members)
         live = {p: s for p, s in states.items() if s not in DEAD}
         exited = f" ({len(states) - len(live)} exited, not yet reaped)" if len(live) < len(states) else ""
@@ -234,10 +267,10 @@ class ProcessFault(Injector):
 
     async def _wait_gone(self, pgid: int, within: float) -> set[int]:
         deadline = time.monotonic() + within
-        while group_members(pgid) and time.monotonic() < deadline:
-            self._service().popen.poll()  # reap the leader, or it lingers as a zombie member
+        while self._svc.group() and time.monotonic() < deadline:
+            self._svc.popen.poll()  # reap the leader, or it lingers as a zombie member
             await asyncio.sleep(0.05)
-        return group_members(pgid)
+        return self._svc.group()
 
     async def heal(self) -> HealReport:
         report = HealReport()
@@ -250,7 +283,7 @@ class ProcessFault(Injector):
         action = self.p.action
         if action == "stop":
             try:
-                os.killpg(self.target["pgid"], signal.SIGCONT)
+                self._svc.signal(signal.SIGCONT)
                 report.undone.append(f"SIGCONT to {self.p.service} group {self.target['pgid']}")
             except ProcessLookupError:
                 report.already_healed.append(f"{self.p.service} group {self.target['pgid']} is gone")

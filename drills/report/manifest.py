@@ -29,6 +29,7 @@ def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "kernel": platform.release(),
         "machine": platform.machine(),
+        "stack": stack.ref,
         "stack_venv": str(stack_venv()),
         "components": installed,
         "pinned": {c: pins.version_of(c) for c in COMPONENTS if pins.version_of(c)},

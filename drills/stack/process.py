@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import structlog
@@ -80,6 +81,16 @@ class RunningService:
     @property
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def group(self) -> set[int]:
+        """The pids a process fault acts on: the service's process group."""
+        return group_members(self.pid)
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.pid, sig)
+
+    def undo_target(self) -> dict[str, Any]:
+        return {}
 
 
 def group_members(pgid: int) -> set[int]:

@@ -1,0 +1,88 @@
+"""compose/sandbox-docker: the settings the container sandbox relies on, read from the file, and the
+variables kvdrill fills for it (tests/real/test_docker_stack.py runs it on the real engine)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from ruamel.yaml import YAML
+
+from drills.journal import Journal
+from drills.scenario import StackSpec
+from drills.stack import docker_sandbox
+from drills.stack.docker_sandbox import COMPOSE_FILE, DockerSandboxStack, project_name
+from drills.stack.sandbox import COMPOSE_FILE as PROCESS_COMPOSE
+
+TEXT = COMPOSE_FILE.read_text()
+DOC = YAML(typ="safe", pure=True).load(TEXT)
+SERVICES = DOC["services"]
+LOCAL = YAML(typ="safe", pure=True).load(PROCESS_COMPOSE.read_text())["services"]
+
+
+def test_same_services_as_the_local_process_sandbox():
+    assert set(SERVICES) == set(LOCAL)
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_every_service_shares_host_ipc_and_pids_and_publishes_on_loopback_only(name):
+    svc = SERVICES[name]
+    assert svc["ipc"] == "host"  # never service:X (splits silently after a restart)
+    assert svc["pid"] == "host"  # lmcache_kv_<pid> names are the host's pids
+    assert svc["labels"] == {"kvdrill": "1"}
+    assert svc["image"] == "${KVD_IMAGE}"
+    assert svc["ports"] and all(p.startswith("127.0.0.1:") for p in svc["ports"])
+    assert "healthcheck" in svc and "privileged" not in svc
+
+
+def test_the_l2_is_a_named_volume_and_the_engine_reaches_lmcache_through_the_proxy():
+    assert "l2:/var/lib/kvdrill/l2" in SERVICES["lmcache"]["volumes"]
+    assert DOC["volumes"]["l2"]["labels"] == {"kvdrill": "1"}
+    assert DOC["networks"]["default"]["labels"] == {"kvdrill": "1"}
+    assert SERVICES["engine"]["depends_on"] == ["lmcache", "toxiproxy"]
+
+
+def test_vllm_flags_match_the_local_sandbox():
+    """The engine and baseline run with the same flags as on processes (only host, port and paths differ)."""
+    def flags(argv):
+        return {a for a in argv if str(a).startswith("--")}
+    for name in ("engine", "baseline"):
+        assert flags(SERVICES[name]["command"]) == flags(LOCAL[name]["argv"])
+        assert set(SERVICES[name]["environment"]) == set(LOCAL[name]["env"])
+    assert flags(SERVICES["lmcache"]["command"]) == flags(LOCAL["lmcache"]["argv"])
+
+
+@pytest.fixture
+def stack(tmp_path, monkeypatch):
+    monkeypatch.setattr(docker_sandbox.StackInputs, "of_this_host", classmethod(
+        lambda cls: cls(python_prefix=Path("/py"), venv=Path("/venv"), model=Path("/models/m"))))
+    return DockerSandboxStack(StackSpec(ref="sandbox-docker"), tmp_path, Journal(tmp_path), httpx.AsyncClient())
+
+
+def test_prepare_fills_every_variable_the_compose_file_uses(stack):
+    stack.prepare()
+    used = set(re.findall(r"\$\{(KVD_[A-Z0-9_]+)\}", TEXT))
+    assert used - set(stack.env) == {"KVD_IMAGE"}  # the image is known once it is built, at up
+    assert stack.env["KVD_MODEL_DIR"] == "/models/m"
+    assert all(p.startswith("0.0.0.0:") for p in (x["listen"] for x in stack.proxies))
+    assert stack.specs["engine"].depends_on == ["lmcache", "toxiproxy"]
+    assert stack.specs["engine"].health_url == f"http://127.0.0.1:{stack.ports['engine']}/health"
+
+
+def test_the_l2_volume_path_is_known_before_the_volume_exists(stack, tmp_path):
+    assert stack.l2_dir.parts[-3:] == ("volumes", f"{project_name(tmp_path)}_l2", "_data")
+    assert stack.l2_dir.parent in stack.owned_dirs
+
+
+def test_a_run_filesystem_under_the_l2_is_refused_with_the_reason(tmp_path, monkeypatch):
+    spec = StackSpec.model_validate({"ref": "sandbox-docker", "lmcache": {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}})
+    stack = DockerSandboxStack(spec, tmp_path, Journal(tmp_path), httpx.AsyncClient())
+    with pytest.raises(docker_sandbox.StackError, match="named volume"):
+        stack.prepare()
+
+
+def test_project_names_are_short_lowercase_and_per_directory(tmp_path):
+    a, b = project_name(tmp_path / "a"), project_name(tmp_path / "b")
+    assert a != b and re.fullmatch(r"kvd[0-9a-f]{10}", a)

@@ -1,0 +1,255 @@
+"""The sandbox in containers (compose/sandbox-docker) on kvdrill's own Docker engine: the flagship pair
+from the same scenario files as on the local-process sandbox, reaching the same verdicts; every
+container fault verb against the real engine, each read back; and nothing left behind afterwards (no
+container, network or volume of the tests, and the engine stopped with the host as it was when the
+tests started it; the images stay cached on purpose, in the engine's data root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+
+from drills.journal import Journal
+from drills.scenario import StackSpec
+from drills.stack.docker_sandbox import DockerSandboxStack, engine_state_dir
+from drills.stack.dockerd import LABEL, HostNetState, OwnedEngine, default_engine_running
+from drills.stack.process import StackError
+from injectors.base import InjectionContext
+from injectors.process import ProcessFault, ProcessParams, undo
+
+from .conftest import ARTIFACTS, REPO, run_kvdrill
+
+pytestmark = pytest.mark.real
+
+FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"
+TWIN = REPO / "scenarios/flagship/hit-rate-is-not-correctness-aesgcm.yaml"
+
+
+def _labelled(client: docker.DockerClient) -> dict[str, list[str]]:
+    return {"containers": [c.name for c in client.containers.list(all=True, filters={"label": LABEL})],
+            "networks": [n.name for n in client.networks.list(filters={"label": LABEL})],
+            "volumes": [v.name for v in client.volumes.list(filters={"label": LABEL})]}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """kvdrill's engine (its data root under ~/.cache/kvdrill/docker keeps the sandbox images between
+    sessions): used as found when `kvdrill docker up` left it running, else started here and stopped at
+    the end, with the host checked against what it was before."""
+    owned = OwnedEngine(engine_state_dir())
+    started = owned.running_pid() is None
+    if started:
+        assert not default_engine_running(), "a Docker engine kvdrill did not start answers on /var/run/docker.sock"
+        before = HostNetState.now()
+        client = owned.start()
+    else:
+        client = owned.connect()
+    yield client
+    leftovers = _labelled(client)
+    if started:
+        owned.stop()
+        after = HostNetState.now()
+        assert after.iptables == before.iptables and after.links == before.links
+        assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if str(owned.run_dir) in m]
+    assert leftovers == {"containers": [], "networks": [], "volumes": []}, leftovers
+
+
+def run_drill(scenario: Path, name: str):
+    reports = ARTIFACTS / name
+    reports.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in reports.iterdir()}
+    proc = run_kvdrill(["run", str(scenario), "--stack", "sandbox-docker", "--reports-dir", str(reports)], timeout=1800)
+    [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    return proc, run_dir, json.loads((run_dir / "verdict.json").read_text())
+
+
+def _events(run_dir: Path, type_: str) -> list[dict]:
+    return [e for e in map(json.loads, (run_dir / "journal.jsonl").read_text().splitlines()) if e["type"] == type_]
+
+
+def test_flagship_on_containers_fails_on_correctness_as_on_processes(engine):
+    proc, run_dir, doc = run_drill(FLAGSHIP, "docker-flagship")
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert doc["verdict"] == "fail" and doc["expectation"]["held"] is True
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["correctness"]["verdict"] == "fail"
+    assert checks["hit_rate"]["summary"].startswith("HIT RATE IS NOT CORRECTNESS")
+    assert checks["correctness"]["details"]["per_phase"]["recovery"]["wrong"] == 0
+    # it really ran in containers: compose project, image, one container per service, logs followed
+    [prepared] = _events(run_dir, "stack.prepared")
+    assert prepared["data"]["ref"] == "sandbox-docker"
+    [image] = _events(run_dir, "docker.image")
+    assert image["data"]["image"].startswith("kvdrill/sandbox:")
+    started = {e["data"]["service"]: e["data"] for e in _events(run_dir, "service.started")}
+    assert set(started) == {"toxiproxy", "lmcache", "engine", "baseline"}
+    assert all(s["container"].startswith(prepared["data"]["project"]) for s in started.values())
+    assert "Retrieved" in (run_dir / "logs" / "lmcache.log").read_text(errors="replace")
+    [removed] = _events(run_dir, "docker.project_removed")
+    assert removed["data"]["left"] == []
+
+
+def test_twin_on_containers_passes_as_on_processes(engine):
+    proc, run_dir, doc = run_drill(TWIN, "docker-twin")
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert doc["verdict"] == "pass" and doc["expectation"]["held"] is True
+
+
+def _ctx(stack, journal) -> InjectionContext:
+    return InjectionContext(fault_id="f1", run_dir=stack.run_dir, rng=random.Random(0), journal=journal,
+                            stack=stack, prompts=None)
+
+
+@pytest.fixture(scope="module")
+def small_stack(engine, tmp_path_factory):
+    """The Toxiproxy and LMCache containers of a sandbox-docker stack (no vLLM: the verbs need a running
+    container, not a model), brought up and torn down by the stack itself."""
+    run_dir = tmp_path_factory.mktemp("docker-verbs")
+    journal = Journal(run_dir)
+
+    async def up(stack):
+        await stack.up()
+
+    loop = asyncio.new_event_loop()
+    http = httpx.AsyncClient(trust_env=False)
+    stack = DockerSandboxStack(StackSpec(ref="sandbox-docker"), run_dir, journal, http)
+    stack.prepare()
+    stack.specs = {k: v for k, v in stack.specs.items() if k in ("toxiproxy", "lmcache")}
+    try:
+        loop.run_until_complete(up(stack))
+        yield stack, loop, journal
+    finally:
+        loop.run_until_complete(stack.down())
+        loop.run_until_complete(http.aclose())
+        loop.close()
+
+
+def _states(pids):
+    from injectors.process import process_states
+    return process_states(pids)
+
+
+def test_sigstop_freezes_every_process_though_docker_says_running(small_stack):
+    stack, loop, journal = small_stack
+    fault = ProcessFault(ProcessParams(service="lmcache", action="stop"), _ctx(stack, journal))
+    loop.run_until_complete(fault.plan())
+    loop.run_until_complete(fault.inject())
+    proof = loop.run_until_complete(fault.verify())
+    container = stack.driver.services["lmcache"].container
+    container.reload()
+    assert proof.effective, proof.summary
+    assert container.status == "running" and container.attrs["State"]["Paused"] is False  # Docker cannot tell
+    with pytest.raises(httpx.HTTPError):
+        loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=2))
+    # a crashed kvdrill's rollback thaws it from the journal record alone
+    [record] = [json.loads(x)["data"]["undo"] for x in (journal.path.read_text().splitlines()) if '"fault.undo"' in x]
+    assert record["container_id"] == container.id
+    report = undo(record)
+    assert report.undone and all(s != "T" for s in _states(stack.driver.services["lmcache"].group()).values())
+    heal = loop.run_until_complete(fault.heal())
+    assert heal.undone or heal.already_healed
+    assert loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=5)).status_code == 200
+
+
+def test_pause_freezes_the_cgroup_and_unpause_thaws_it(small_stack):
+    stack, loop, _ = small_stack
+    state = stack.driver.pause("lmcache")
+    assert state == {"paused": True, "freezer": "FROZEN"}
+    with pytest.raises(httpx.HTTPError):
+        loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=2))
+    assert stack.driver.unpause("lmcache") == {"paused": False, "freezer": "THAWED"}
+    assert loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=5)).status_code == 200
+
+
+def test_memory_and_cpu_limits_reach_the_cgroup(small_stack):
+    stack, _, _ = small_stack
+    limits = stack.driver.update_limits("toxiproxy", memory=256 * 2**20, cpus=0.5)
+    assert limits["memory"] == 256 * 2**20 and limits["cgroup_memory_limit"] == 256 * 2**20
+    assert limits["cpu_quota"] == 50_000 and limits["cgroup_cpu_quota"] == 50_000
+
+
+def _resolves(stack, name: str) -> bool:
+    out = stack.driver.exec("toxiproxy", ["python", "-c", f"import socket; socket.gethostbyname('{name}')"])
+    return out["exit_code"] == 0
+
+
+def test_network_disconnect_partitions_a_service_and_connect_heals_it(small_stack):
+    stack, loop, _ = small_stack
+    assert _resolves(stack, "lmcache")
+    assert stack.driver.disconnect("lmcache")["connected"] is False
+    assert not _resolves(stack, "lmcache")  # its DNS name is gone with it: the engine's link is cut
+    assert stack.driver.connect("lmcache")["connected"] is True
+    assert _resolves(stack, "lmcache")
+
+
+def test_exec_writes_inside_the_l2_volume(small_stack):
+    stack, _, _ = small_stack
+    out = stack.driver.exec("lmcache", ["sh", "-c", "head -c 1048576 /dev/zero > /var/lib/kvdrill/l2/kvd-fill && "
+                                        "stat -c %s /var/lib/kvdrill/l2/kvd-fill"])
+    assert out["exit_code"] == 0 and out["output"].strip() == "1048576"
+    on_host = stack.l2_dir / "kvd-fill"  # the volume kvdrill's chunk faults read and write from the host
+    assert on_host.stat().st_size == 2**20
+    assert stack.driver.exec("lmcache", ["rm", "/var/lib/kvdrill/l2/kvd-fill"])["exit_code"] == 0
+    assert not on_host.exists()
+
+
+def test_kill_with_any_signal_then_restart_makes_a_new_generation(small_stack):
+    stack, loop, journal = small_stack
+    fault = ProcessFault(ProcessParams(service="toxiproxy", action="kill"), _ctx(stack, journal))
+    loop.run_until_complete(fault.plan())
+    old = stack.driver.services["toxiproxy"]
+    loop.run_until_complete(fault.inject())
+    proof = loop.run_until_complete(fault.verify())
+    assert proof.effective, proof.summary
+    assert old.popen.poll() == 137 and old.group() == set()
+    heal = loop.run_until_complete(fault.heal())
+    new = stack.driver.services["toxiproxy"]
+    assert heal.undone and new.generation == old.generation + 1 and new.pid != old.pid
+    # restart with SIGTERM through the process injector: Python's default SIGTERM handler exits 143 or 0
+    fault = ProcessFault(ProcessParams(service="toxiproxy", action="restart"), _ctx(stack, journal))
+    loop.run_until_complete(fault.plan())
+    loop.run_until_complete(fault.inject())
+    proof = loop.run_until_complete(fault.verify())
+    assert proof.effective, proof.summary
+    assert stack.driver.services["toxiproxy"].generation == new.generation + 1
+    stopped = [json.loads(x)["data"] for x in journal.path.read_text().splitlines() if '"service.stopped"' in x]
+    # the killed generation exited 137 (SIGKILL); the restart stopped the next with SIGTERM
+    assert stopped[-2]["returncode"] == 128 + signal.SIGKILL and stopped[-1]["signals"][0] == signal.SIGTERM.name
+
+
+def test_a_service_kvdrill_did_not_create_is_refused(small_stack):
+    stack, _, _ = small_stack
+    with pytest.raises(StackError, match="no running service 'nginx'"):
+        stack.driver.pause("nginx")
+
+
+def test_compose_project_is_what_docker_compose_sees(small_stack):
+    stack, _, _ = small_stack
+    out = subprocess.run(["docker-compose", "-p", stack.project, "-f", str(REPO / "compose/sandbox-docker/docker-compose.yml"),
+                          "ps", "--services", "--filter", "status=running"],
+                         env={**stack.env, "KVD_IMAGE": stack.image, "DOCKER_HOST": stack.engine.base_url,
+                              "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert set(out.stdout.split()) == {"toxiproxy", "lmcache"}
+
+
+def test_rollback_from_the_journal_removes_the_project(small_stack):
+    """Last: what `kvdrill rollback RUN` does for a container stack after kvdrill itself died."""
+    from drills.journal import read_history
+    from drills.rollback import RollbackReport, _remove_projects
+
+    stack, _, journal = small_stack
+    report = RollbackReport(run_dir=stack.run_dir)
+    _remove_projects(read_history(journal.path), report)
+    [item] = report.items
+    assert item.status == "undone" and f"volume {stack.project}_l2" in item.what, item
+    assert stack.driver.project_containers() == []
