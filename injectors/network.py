@@ -322,10 +322,12 @@ class NetworkFault(Injector):
     def _measure(self, listen: str) -> dict[str, Any]:
         wait = 2.0 + max((t.attributes.get("latency", 0) + t.attributes.get("jitter", 0)) / 1000 for t in self.p.toxics) \
             if self.p.toxics else 2.0
-        through = first_byte(listen, wait)
+        # a container stack's addresses are the containers'; it says where the host reaches them
+        host = getattr(self.ctx.stack, "host_address", lambda address: address)
+        through = first_byte(host(listen), wait)
         if self.p.down:
             return through
-        direct = first_byte(self.target["upstream"], 2.0)
+        direct = first_byte(host(self.target["upstream"]), 2.0)
         return {"through_proxy": through, "direct": direct}
 
     async def heal(self) -> HealReport:

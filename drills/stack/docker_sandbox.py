@@ -55,7 +55,8 @@ class DockerSandboxStack(SandboxStack):
 
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)
-        self.ports = {k: free_port() for k in ("lmcache_http", "engine", "baseline", "toxiproxy")}
+        self.ports = {k: free_port() for k in ("lmcache_http", "lmcache_zmq", "lmcache_proxy", "engine", "baseline",
+                                               "toxiproxy")}
         self.project = project_name(self.run_dir)
         self.engine = OwnedEngine(engine_state_dir())
         self.engine_started_here = False
@@ -196,6 +197,16 @@ class DockerSandboxStack(SandboxStack):
     def proxies(self) -> list[dict[str, Any]]:
         return [{"name": "lmcache", "listen": f"0.0.0.0:{PROXY_LISTEN}", "upstream": f"lmcache:{LMCACHE_ZMQ}",
                  "enabled": True}]
+
+    def host_address(self, address: str) -> str:
+        """Where the host reaches a container-side address the stack publishes (the proxy's listen
+        address, LMCache's ZMQ port), so the network injector measures a link as it does on processes."""
+        host, _, port = address.rpartition(":")
+        if host in ("0.0.0.0", "[::]", "", "toxiproxy") and port == str(PROXY_LISTEN):  # the proxy listens on all
+            return f"127.0.0.1:{self.ports['lmcache_proxy']}"
+        if host == "lmcache" and port == str(LMCACHE_ZMQ):
+            return f"127.0.0.1:{self.ports['lmcache_zmq']}"
+        return address
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "project": self.project, "image": self.image, "docker_host": self.engine.base_url}

@@ -86,3 +86,12 @@ def test_a_run_filesystem_under_the_l2_is_refused_with_the_reason(tmp_path, monk
 def test_project_names_are_short_lowercase_and_per_directory(tmp_path):
     a, b = project_name(tmp_path / "a"), project_name(tmp_path / "b")
     assert a != b and re.fullmatch(r"kvd[0-9a-f]{10}", a)
+
+
+def test_container_addresses_map_to_the_ports_published_on_loopback(stack):
+    assert stack.host_address("[::]:6555") == f"127.0.0.1:{stack.ports['lmcache_proxy']}"
+    assert stack.host_address("0.0.0.0:6555") == f"127.0.0.1:{stack.ports['lmcache_proxy']}"
+    assert stack.host_address("lmcache:5555") == f"127.0.0.1:{stack.ports['lmcache_zmq']}"
+    assert stack.host_address("10.0.0.1:80") == "10.0.0.1:80"
+    published = {p.split(":")[1] for svc in SERVICES.values() for p in svc["ports"]}
+    assert {"${KVD_PORT_LMCACHE_PROXY}", "${KVD_PORT_LMCACHE_ZMQ}"} <= published

@@ -242,6 +242,25 @@ def test_compose_project_is_what_docker_compose_sees(small_stack):
     assert set(out.stdout.split()) == {"toxiproxy", "lmcache"}
 
 
+def test_a_toxic_on_the_proxy_container_is_measured_from_the_host(small_stack):
+    """The network injector (Toxiproxy API) on the container stack: the toxic is in the proxy container's
+    API and its latency is measured through the published port, against LMCache's ZMQ port direct."""
+    from injectors.network import NetworkFault, NetworkParams
+
+    stack, loop, journal = small_stack
+    params = NetworkParams.model_validate({"proxy": "lmcache", "toxics": [
+        {"type": "latency", "stream": "downstream", "attributes": {"latency": 300}}]})
+    fault = NetworkFault(params, _ctx(stack, journal))
+    loop.run_until_complete(fault.plan())
+    loop.run_until_complete(fault.inject())
+    proof = loop.run_until_complete(fault.verify())
+    heal = loop.run_until_complete(fault.heal())
+    assert proof.effective, proof.summary
+    measured = proof.details[0]["measured"]
+    assert measured["through_proxy"]["first_byte_s"] >= 0.3 > measured["direct"]["first_byte_s"]
+    assert heal.undone
+
+
 def test_rollback_from_the_journal_removes_the_project(small_stack):
     """Last: what `kvdrill rollback RUN` does for a container stack after kvdrill itself died."""
     from drills.journal import read_history
@@ -253,3 +272,4 @@ def test_rollback_from_the_journal_removes_the_project(small_stack):
     [item] = report.items
     assert item.status == "undone" and f"volume {stack.project}_l2" in item.what, item
     assert stack.driver.project_containers() == []
+
