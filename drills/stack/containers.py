@@ -26,12 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import docker
-import httpx
 import structlog
 
 from drills.journal import Journal
-from drills.observe import shm
-from drills.stack.process import ServiceSpec, ServiceStartError, StackError, log_tail, remove_shm_of
+from drills.stack.process import ServiceDriver, ServiceSpec, StackError, remove_shm_of
 
 log = structlog.get_logger(__name__)
 
@@ -123,18 +121,13 @@ class RunningContainer:
         return {"container_id": self.container.id, "docker_host": self.docker_host}
 
 
-class ContainerDriver:
+class ContainerDriver(ServiceDriver):
     def __init__(self, log_dir: Path, journal: Journal, client: docker.DockerClient, project: str,
                  docker_host: str) -> None:
-        self.log_dir = log_dir
-        self.docker_host = docker_host
-        self.journal = journal
+        super().__init__(log_dir, journal)
         self.client = client
         self.project = project
-        self.services: dict[str, RunningContainer] = {}
-        self._generations: dict[str, int] = {}
-        self.shm_before = {p.name for p in shm.SHM_DIR.iterdir()}
-        log_dir.mkdir(parents=True, exist_ok=True)
+        self.docker_host = docker_host
 
     # --- containers of the project -----------------------------------------------------------------
 
@@ -151,8 +144,7 @@ class ContainerDriver:
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def start(self, spec: ServiceSpec) -> RunningContainer:
-        gen = self._generations.get(spec.name, 0) + 1
-        self._generations[spec.name] = gen
+        gen = self._next_generation(spec.name)
         container = self.container(spec.name)
         log_path = self.log_dir / f"{spec.name}.log"
         with log_path.open("ab") as fh:
@@ -174,65 +166,12 @@ class ContainerDriver:
         log.info("container started", service=spec.name, pid=pid, generation=gen)
         return svc
 
-    async def wait_healthy(self, svc: RunningContainer, http: httpx.AsyncClient) -> None:
-        deadline = svc.started_at + svc.spec.startup_deadline
-        while True:
-            svc.members |= await asyncio.to_thread(svc.group)
-            if not await asyncio.to_thread(lambda: svc.alive):
-                raise self._start_failed(svc, f"{svc.spec.name} exited with code {svc.popen.returncode} before "
-                                              f"becoming healthy")
-            try:
-                r = await http.get(svc.spec.health_url, timeout=2.0)
-                if r.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise self._start_failed(svc, f"{svc.spec.name} not healthy at {svc.spec.health_url} within "
-                                              f"{svc.spec.startup_deadline:.0f}s")
-            await asyncio.sleep(0.5)
-        svc.ready_s = time.monotonic() - svc.started_at
-        svc.members |= await asyncio.to_thread(svc.group)
-        self.journal.append("service.healthy", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
-                            ready_s=round(svc.ready_s, 2))
+    async def _launch(self, spec: ServiceSpec) -> RunningContainer:
+        return await asyncio.to_thread(self.start, spec)
 
-    def _start_failed(self, svc: RunningContainer, what: str) -> ServiceStartError:
-        waited = round(time.monotonic() - svc.started_at, 1)
-        time.sleep(0.5)  # the follower writes what the container printed last
-        tail = log_tail(svc.log_path, 80).splitlines()
-        marker = f"kvdrill: start {svc.spec.name} generation {svc.generation} "
-        tail = tail[max((i for i, line in enumerate(tail) if marker in line), default=-1) + 1:]
-        self.journal.append("service.start_failed", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
-                            returncode=svc.popen.poll(), waited_s=waited, startup_deadline_s=svc.spec.startup_deadline,
-                            summary=what, log=f"logs/{svc.log_path.name}", log_tail=tail)
-        return ServiceStartError(f"{what}; last log lines ({svc.log_path}):\n" + "\n".join(tail[-25:]),
-                                 svc.spec.name, svc.popen.poll(), waited)
-
-    async def start_all(self, specs: dict[str, ServiceSpec], http: httpx.AsyncClient, source: Path) -> None:
-        unknown = {d for s in specs.values() for d in s.depends_on} - set(specs)
-        if unknown:
-            raise StackError(f"depends_on names unknown services {sorted(unknown)} in {source}")
-        healthy = {name: asyncio.Event() for name in specs}
-
-        async def bring_up(spec: ServiceSpec) -> None:
-            for dep in spec.depends_on:
-                await healthy[dep].wait()
-            svc = await asyncio.to_thread(self.start, spec)
-            await self.wait_healthy(svc, http)
-            healthy[spec.name].set()
-
-        try:
-            async with asyncio.TaskGroup() as group:
-                for spec in specs.values():
-                    group.create_task(bring_up(spec))
-        except* StackError as failed:
-            raise failed.exceptions[0] from None
-
-    async def restart(self, spec: ServiceSpec, http: httpx.AsyncClient, sig: int = signal.SIGTERM,
-                      grace: float = 30.0) -> None:
-        await self.stop(spec.name, sig=sig, grace=grace)
-        svc = await asyncio.to_thread(self.start, spec)
-        await self.wait_healthy(svc, http)
+    def _start_failed(self, svc: RunningContainer, what: str):
+        time.sleep(0.5)  # the log follower copies what the container printed last
+        return super()._start_failed(svc, what)
 
     async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         """Stop a service's container the way ``docker stop`` does (``sig``, then SIGKILL after ``grace``)
@@ -248,11 +187,6 @@ class ContainerDriver:
         self.journal.append("service.stopped", service=name, pid=svc.pid, generation=svc.generation,
                             signals=sent, returncode=svc.popen.returncode, group=sorted(members),
                             shm_segments_left_behind=cleaned, container=svc.container.name)
-
-    async def stop_all(self) -> None:
-        needed = {dep for svc in self.services.values() for dep in svc.spec.depends_on}
-        await asyncio.gather(*(self.stop(n) for n in list(self.services) if n not in needed))
-        await asyncio.gather(*(self.stop(n) for n in list(self.services)))
 
     # --- fault verbs -------------------------------------------------------------------------------
 

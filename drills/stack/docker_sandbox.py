@@ -180,18 +180,9 @@ class DockerSandboxStack(SandboxStack):
                     self.journal.append("docker.engine_stopped", report=_jsonable(report))
                 self.client = None
 
-    async def repair(self) -> dict[str, Any]:
-        started = time.monotonic()
-        await self.restart("lmcache")
-        await self.restart("engine")
-        return {"restarted": ["lmcache", "engine"], "took_s": round(time.monotonic() - started, 1)}
-
     # --- endpoints ---------------------------------------------------------------------------------
 
-    def url(self, name: str) -> str:
-        port = {"lmcache": self.ports["lmcache_http"], "engine": self.ports["engine"],
-                "baseline": self.ports["baseline"], "toxiproxy": self.ports["toxiproxy"]}[name]
-        return f"http://127.0.0.1:{port}"
+    # url() is the sandbox's: the same names, on the ports compose publishes on 127.0.0.1
 
     @property
     def proxies(self) -> list[dict[str, Any]]:

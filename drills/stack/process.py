@@ -256,39 +256,38 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-class ProcessDriver:
+class ServiceDriver:
+    """What every driver shares: generations, the health wait with its start-failure evidence, starting a
+    stack in dependency order, restart and stop-all. A subclass says how one service starts (``_launch``)
+    and stops (``stop``); its running-service objects have ``spec``, ``pid``, ``alive``, ``popen``,
+    ``group()``, ``log_path``, ``generation``, ``started_at``, ``ready_s`` and ``members``."""
+
     def __init__(self, log_dir: Path, journal: Journal) -> None:
         self.log_dir = log_dir
         self.journal = journal
-        self.services: dict[str, RunningService] = {}
+        self.services: dict[str, Any] = {}
         self._generations: dict[str, int] = {}
         # what /dev/shm held before this driver started anything: never ours to clean
         self.shm_before = {p.name for p in shm.SHM_DIR.iterdir()}
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, spec: ServiceSpec) -> RunningService:
-        gen = self._generations.get(spec.name, 0) + 1
-        self._generations[spec.name] = gen
-        log_path = self.log_dir / f"{spec.name}.log"
-        with log_path.open("ab") as fh:
-            fh.write(f"\n===== kvdrill: start {spec.name} generation {gen} at {time.time():.3f} =====\n".encode())
-            popen = subprocess.Popen(spec.command, env={**os.environ, **spec.env, RUN_TAG_ENV: str(self.log_dir.parent)},
-                                     stdout=fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_dir)
-        svc = RunningService(spec=spec, popen=popen, log_path=log_path, generation=gen, started_at=time.monotonic())
-        self.services[spec.name] = svc
-        self.journal.append("service.started", service=spec.name, pid=popen.pid, pgid=popen.pid, generation=gen,
-                            argv=spec.argv, log=str(log_path.name), tag=str(self.log_dir.parent),
-                            **({"netns": spec.netns} if spec.netns else {}))
-        log.info("service started", service=spec.name, pid=popen.pid, generation=gen)
-        return svc
+    def _next_generation(self, name: str) -> int:
+        gen = self._generations.get(name, 0) + 1
+        self._generations[name] = gen
+        return gen
 
-    async def wait_healthy(self, svc: RunningService, http: httpx.AsyncClient) -> None:
+    async def _launch(self, spec: ServiceSpec) -> Any:
+        raise NotImplementedError
+
+    async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        raise NotImplementedError
+
+    async def wait_healthy(self, svc: Any, http: httpx.AsyncClient) -> None:
         deadline = svc.started_at + svc.spec.startup_deadline
         while True:
             # remember every pid seen while it starts: one that dies before healthy leaves files too
-            svc.members |= group_members(svc.pid)
-            if not svc.alive:
+            svc.members |= await asyncio.to_thread(svc.group)
+            if not await asyncio.to_thread(lambda: svc.alive):
                 raise self._start_failed(svc, f"{svc.spec.name} exited with code {svc.popen.returncode} before "
                                               f"becoming healthy")
             try:
@@ -302,12 +301,12 @@ class ProcessDriver:
                                               f"{svc.spec.startup_deadline:.0f}s")
             await asyncio.sleep(0.5)
         svc.ready_s = time.monotonic() - svc.started_at
-        svc.members |= group_members(svc.pid)
+        svc.members |= await asyncio.to_thread(svc.group)
         self.journal.append("service.healthy", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
                             ready_s=round(svc.ready_s, 2))
         log.info("service healthy", service=svc.spec.name, ready_s=round(svc.ready_s, 1))
 
-    def _start_failed(self, svc: RunningService, what: str) -> ServiceStartError:
+    def _start_failed(self, svc: Any, what: str) -> ServiceStartError:
         waited = round(time.monotonic() - svc.started_at, 1)
         # a Python traceback buries the root cause tens of lines above the end: keep enough to reach it,
         # but only this generation's (the log is appended across restarts, after a start marker)
@@ -332,7 +331,7 @@ class ProcessDriver:
         async def bring_up(spec: ServiceSpec) -> None:
             for dep in spec.depends_on:
                 await healthy[dep].wait()
-            await self.wait_healthy(self.start(spec), http)
+            await self.wait_healthy(await self._launch(spec), http)
             healthy[spec.name].set()
 
         try:
@@ -345,7 +344,34 @@ class ProcessDriver:
     async def restart(self, spec: ServiceSpec, http: httpx.AsyncClient, sig: int = signal.SIGTERM,
                       grace: float = 30.0) -> None:
         await self.stop(spec.name, sig=sig, grace=grace)
-        await self.wait_healthy(self.start(spec), http)
+        await self.wait_healthy(await self._launch(spec), http)
+
+    async def stop_all(self) -> None:
+        # dependents first (concurrently), so vLLM unregisters from a still-running LMCache server
+        needed = {dep for svc in self.services.values() for dep in svc.spec.depends_on}
+        await asyncio.gather(*(self.stop(n) for n in list(self.services) if n not in needed))
+        await asyncio.gather(*(self.stop(n) for n in list(self.services)))
+
+
+class ProcessDriver(ServiceDriver):
+    def start(self, spec: ServiceSpec) -> RunningService:
+        gen = self._next_generation(spec.name)
+        log_path = self.log_dir / f"{spec.name}.log"
+        with log_path.open("ab") as fh:
+            fh.write(f"\n===== kvdrill: start {spec.name} generation {gen} at {time.time():.3f} =====\n".encode())
+            popen = subprocess.Popen(spec.command, env={**os.environ, **spec.env, RUN_TAG_ENV: str(self.log_dir.parent)},
+                                     stdout=fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.log_dir)
+        svc = RunningService(spec=spec, popen=popen, log_path=log_path, generation=gen, started_at=time.monotonic())
+        self.services[spec.name] = svc
+        self.journal.append("service.started", service=spec.name, pid=popen.pid, pgid=popen.pid, generation=gen,
+                            argv=spec.argv, log=str(log_path.name), tag=str(self.log_dir.parent),
+                            **({"netns": spec.netns} if spec.netns else {}))
+        log.info("service started", service=spec.name, pid=popen.pid, generation=gen)
+        return svc
+
+    async def _launch(self, spec: ServiceSpec) -> RunningService:
+        return self.start(spec)
 
     async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         svc = self.services.get(name)
@@ -362,9 +388,3 @@ class ProcessDriver:
                             signals=sent, returncode=svc.popen.returncode, group=sorted(members),
                             shm_segments_left_behind=cleaned)
         log.info("service stopped", service=name, signals=sent, shm_cleaned=len(cleaned))
-
-    async def stop_all(self) -> None:
-        # dependents first (concurrently), so vLLM unregisters from a still-running LMCache server
-        needed = {dep for svc in self.services.values() for dep in svc.spec.depends_on}
-        await asyncio.gather(*(self.stop(n) for n in list(self.services) if n not in needed))
-        await asyncio.gather(*(self.stop(n) for n in list(self.services)))
