@@ -58,7 +58,8 @@ def engine():
     if started:
         owned.stop()
         after = HostNetState.now()
-        assert after.iptables == before.iptables and after.links == before.links
+        assert after.rules == before.rules and after.links == before.links
+        assert after.ip_forward == before.ip_forward and after.nft_tables == before.nft_tables
         assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if str(owned.run_dir) in m]
     assert leftovers == {"containers": [], "networks": [], "volumes": []}, leftovers
 
