@@ -89,10 +89,6 @@ class RunningContainer:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    @property
-    def container_id(self) -> str:
-        return self.container.id
-
     def group(self) -> set[int]:
         """The pids a process fault acts on: every process in the container, while this generation runs
         (after a restart the same container holds the next generation's processes, not these)."""
