@@ -145,6 +145,8 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
           fail_fast: bool = typer.Option(False, "--fail-fast", help="stop after the first drill that does not exit 0"),
           allow_target: list[str] = typer.Option([], "--allow-target", help="an outside host the drills may contact; "
                                                  "a scenario's targets.hosts must name it too (repeatable)"),
+          stack: str | None = typer.Option(None, "--stack", help="run every scenario on this stack instead of its "
+                                           "stack.ref (e.g. sandbox-docker)"),
           ) -> None:
     """Run every scenario as one gate, reusing a stack between drills where they allow it; writes
     index.md and junit.xml. Exit status: the worst drill's (see `kvdrill run`)."""
@@ -160,6 +162,9 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
             typer.echo(f"invalid scenario\n{text}", err=True)
         typer.echo(f"{len(invalid)} of {len(files)} scenarios are invalid: nothing was run", err=True)
         raise typer.Exit(2)
+    if stack is not None:
+        for entry in entries:
+            entry.loaded = _on_stack(entry.loaded, stack)
     outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err,
                                       allow_targets=tuple(allow_target)))
     if junit is not None:

@@ -98,6 +98,14 @@ def plan_replay(run_dir: Path) -> ReplayPlan:
             fault["trigger"] = trigger
         plan.timings.append(FaultTiming(fault_id, i, original, event.data.get("trigger"),
                                         dict(fault["trigger"]) if fault.get("trigger") is not None else None, note))
+    # `kvdrill run --stack` ran the file on another stack than its own: the copy says the file's, the
+    # journal's scenario model says where the run really was
+    ran_on = ((started.data.get("scenario_model") or {}).get("stack") or {}).get("ref")
+    if ran_on and ran_on != ((data.get("stack") or {}).get("ref") or "sandbox"):
+        if data.get("stack") is None:
+            data["stack"] = {}
+        data["stack"]["ref"] = ran_on
+        plan.notes.append(f"the stored run ran on stack {ran_on} (kvdrill run --stack); so does the replay")
     if history.first("stack.reused"):
         plan.notes.append("the stored run reused a stack an earlier drill of its suite left running; "
                           "the replay starts a fresh one")

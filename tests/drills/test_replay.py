@@ -46,6 +46,20 @@ def test_a_run_on_a_reused_stack_is_noted(tmp_path):
     assert "fresh one" in plan_replay(run).notes[0]
 
 
+def test_a_run_moved_to_another_stack_with_the_stack_flag_is_replayed_there(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(TERM, run)
+    lines = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
+    for event in lines:
+        if event["type"] == "run.started":
+            event["data"]["scenario_model"]["stack"]["ref"] = "sandbox-docker"
+    (run / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    plan = plan_replay(run)
+    assert parse_scenario(plan.text, run / "r.yaml").scenario.stack.ref == "sandbox-docker"
+    assert "kvdrill run --stack" in plan.notes[0]
+    assert parse_scenario(plan_replay(TERM).text, TERM / "r.yaml").scenario.stack.ref != "sandbox-docker"
+
+
 def test_a_fault_that_fired_before_traffic_stays_untriggered_and_one_that_never_fired_keeps_its_trigger(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(TERM, run)

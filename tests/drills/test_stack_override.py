@@ -26,3 +26,9 @@ def test_the_flagship_plans_on_containers_with_its_chunk_files_in_the_project_vo
     assert plan["allowed"] and plan["stack"]["ref"] == "sandbox-docker"
     [fault] = plan["faults"]
     assert fault["targets"] and all("/volumes/<project>_l2/_data/" in t["path"] for t in fault["targets"])
+
+
+def test_a_suite_on_an_unknown_stack_runs_nothing(tmp_path):
+    result = CliRunner().invoke(app, ["suite", str(FLAGSHIP), "--stack", "docker", "--reports-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "'sandbox-docker'" in result.output
+    assert not any(tmp_path.iterdir())
