@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,7 +257,7 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-class ServiceDriver:
+class ServiceDriver(ABC):
     """What every driver shares: generations, the health wait with its start-failure evidence, starting a
     stack in dependency order, restart and stop-all. A subclass says how one service starts (``_launch``)
     and stops (``stop``); its running-service objects have ``spec``, ``pid``, ``alive``, ``popen``,
@@ -276,11 +277,13 @@ class ServiceDriver:
         self._generations[name] = gen
         return gen
 
+    @abstractmethod
     async def _launch(self, spec: ServiceSpec) -> Any:
-        raise NotImplementedError
+        """Start one generation of ``spec`` and return its running-service object."""
 
+    @abstractmethod
     async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        raise NotImplementedError
+        """Stop the service (``sig``, then SIGKILL after ``grace``) and journal ``service.stopped``."""
 
     async def wait_healthy(self, svc: Any, http: httpx.AsyncClient) -> None:
         deadline = svc.started_at + svc.spec.startup_deadline
