@@ -90,7 +90,7 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
                 for name, raw in doc["services"].items()}
     run_dir = reports_dir / RUN_ID
     l2 = {"sandbox": run_dir / "stack" / "l2",
-          "sandbox-docker": docker_sandbox.engine_state_dir() / "root" / "volumes" / "<project>_l2" / "_data"}.get(ref)
+          "sandbox-docker": docker_sandbox.l2_volume_dir("<project>")}.get(ref)
     fs = sc.stack.lmcache.l2_fs if ref == "sandbox" else None
     return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2,
                      l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=ref == "sandbox-mooncake",

@@ -229,7 +229,7 @@ class ProcessFault(Injector):
                          [{"old_pgid": self.target["pgid"], "new_pid": svc.pid, "landing": self.landing}])
         pgid = self.target["pgid"]
         if action in ("term", "kill"):
-            left = await self._wait_gone(pgid, self.p.grace if action == "term" else 10.0)
+            left = await self._wait_gone(self.p.grace if action == "term" else 10.0)
             escalated: list[int] = []
             if left and action == "term" and self.p.escalate:
                 # vLLM with LMCache in-process sometimes hangs in shutdown (seen in CI with Mooncake); an
@@ -241,7 +241,7 @@ class ProcessFault(Injector):
                     pass
                 self.ctx.journal.append("fault.escalated", fault_id=self.ctx.fault_id, pgid=pgid,
                                         signal="SIGKILL", after_s=self.p.grace, pids=escalated)
-                left = await self._wait_gone(pgid, 10.0)
+                left = await self._wait_gone(10.0)
             gone_s = time.time() - (self.injected_at or time.time())
             how = f"SIG{action.upper()}" + (f" (did not exit within {self.p.grace:g}s: SIGKILL to "
                                             f"{len(escalated)} pids)" if escalated else "")
@@ -265,7 +265,7 @@ class ProcessFault(Injector):
         return Proof(ok, summary + exited, [{"pgid": pgid, "states": states, "landing": self.landing,
                                              "frozen_after_s": self.frozen_after_s}])
 
-    async def _wait_gone(self, pgid: int, within: float) -> set[int]:
+    async def _wait_gone(self, within: float) -> set[int]:
         deadline = time.monotonic() + within
         while self._svc.group() and time.monotonic() < deadline:
             self._svc.popen.poll()  # reap the leader, or it lingers as a zombie member

@@ -14,6 +14,7 @@ docker up`` or a test session is used and left running; otherwise the stack star
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -33,8 +34,9 @@ from drills.stack.process import ServiceSpec, StackError
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack, free_port, write_toxiproxy_config
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-docker" / "docker-compose.yml"
-# ports inside the containers (compose publishes each on a free 127.0.0.1 port of the host)
-LMCACHE_ZMQ, LMCACHE_HTTP, PROXY_LISTEN, TOXIPROXY_API, VLLM = 5555, 8080, 6555, 8474, 8000
+# ports inside the containers that kvdrill names (the compose file has them; compose publishes each on a
+# free 127.0.0.1 port of the host)
+LMCACHE_ZMQ, PROXY_LISTEN = 5555, 6555
 L2_IN_CONTAINER = "/var/lib/kvdrill/l2"
 CONFIG_IN_CONTAINER = "/config"
 DEPENDS = {"engine": ["lmcache", "toxiproxy"]}
@@ -49,9 +51,14 @@ def engine_state_dir() -> Path:
     return cache_home() / "docker"
 
 
+def l2_volume_dir(project: str) -> Path:
+    """The host mountpoint of a project's L2 volume, under kvdrill's engine's data root (known before the
+    volume exists, so a dry run and the isolation rules can name it; checked against the engine at up)."""
+    return engine_state_dir() / "root" / "volumes" / f"{project}_l2" / "_data"
+
+
 class DockerSandboxStack(SandboxStack):
     ref = "sandbox-docker"
-    cache_log = "lmcache.log"
 
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)
@@ -63,9 +70,7 @@ class DockerSandboxStack(SandboxStack):
         self.client = None
         self.image: str | None = None
         self.env: dict[str, str] = {}
-        # the L2 volume's host mountpoint, under the engine's data root (known before the volume exists,
-        # so a dry run and the isolation rules can name it; checked against the engine once it does)
-        self.l2_dir = engine_state_dir() / "root" / "volumes" / f"{self.project}_l2" / "_data"
+        self.l2_dir = l2_volume_dir(self.project)
         self.owned_dirs = [self.l2_dir.parent]
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -138,8 +143,6 @@ class DockerSandboxStack(SandboxStack):
         return self.client
 
     async def up(self) -> None:
-        import asyncio
-
         if not self.specs:
             self.prepare()
         client = await asyncio.to_thread(self._client)
@@ -164,8 +167,6 @@ class DockerSandboxStack(SandboxStack):
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
     async def down(self) -> None:
-        import asyncio
-
         try:
             if isinstance(self.driver, ContainerDriver):
                 await self.driver.stop_all()
