@@ -26,16 +26,19 @@ from drills.gameday.pause import CONFIRM_TIMEOUT_S
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario
-from drills.stack import docker_sandbox, mooncake, sandbox
+from drills.stack import docker_mooncake, docker_sandbox, mooncake, sandbox
 
 RUN_ID = "<run-id>"  # chosen at run time (timestamp + random suffix: a name, never a choice the drill acts on)
 NETNS_HOST = "kvd-netns"  # stands for the address of the namespace the run creates (chosen at up)
 # the proxies each stack's Toxiproxy serves (SandboxStack.proxies / MooncakeStack.proxies; a unit test
 # keeps these in step) and the links the kernel backend can shape (NetworkParams.link)
-PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"], "sandbox-docker": ["lmcache"]}
-KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"], "sandbox-docker": []}
+PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"], "sandbox-docker": ["lmcache"],
+           "sandbox-docker-mooncake": ["mooncake-master"]}
+KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"], "sandbox-docker": [],
+                "sandbox-docker-mooncake": []}
 COMPOSE = {"sandbox": sandbox.COMPOSE_FILE, "sandbox-mooncake": mooncake.COMPOSE_FILE,
-           "sandbox-docker": docker_sandbox.COMPOSE_FILE}
+           "sandbox-docker": docker_sandbox.COMPOSE_FILE, "sandbox-docker-mooncake": docker_mooncake.COMPOSE_FILE}
+MOONCAKE = ("sandbox-mooncake", "sandbox-docker-mooncake")
 PHASES = ["preflight", "up", "oracle", "warm", "steady", "chaos", "heal", "recovery", "drain", "checks", "report",
           "down"]
 # random choices no scenario seed reaches, said plainly
@@ -65,8 +68,8 @@ class StackView:
         return "http://127.0.0.1:<free port>"
 
     def owned(self) -> Owned:
-        # a container stack's L2 is its project's volume, created by the run like its directory
-        volume = [self.l2_dir.parent] if self.ref == "sandbox-docker" and self.l2_dir is not None else []
+        # a container stack's L2 is its project's volume (unless the run mounts its own), created by the run
+        volume = [self.l2_dir.parent] if self.ref == "sandbox-docker" and self.l2_fs is None else []
         return Owned(dirs=[self.run_dir, self.model_dir.parent, *volume],
                      symbolic_hosts={NETNS_HOST} if self.netns else set())
 
@@ -89,9 +92,10 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
                 for name, raw in doc["services"].items()}
     run_dir = reports_dir / RUN_ID
+    fs = sc.stack.lmcache.l2_fs if ref in ("sandbox", "sandbox-docker") else None
     l2 = {"sandbox": run_dir / "stack" / "l2",
-          "sandbox-docker": docker_sandbox.l2_volume_dir("<project>")}.get(ref)
-    fs = sc.stack.lmcache.l2_fs if ref == "sandbox" else None
+          "sandbox-docker": run_dir / "stack" / "l2" if fs is not None else docker_sandbox.l2_volume_dir("<project>")
+          }.get(ref)
     return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2,
                      l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=ref == "sandbox-mooncake",
                      model_dir=model_dir(load_pins()))
@@ -189,12 +193,15 @@ def _process(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 
 
 def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
-    if view.ref != "sandbox-mooncake":
-        fp.problems.append("store faults need the Mooncake store: stack.ref: sandbox-mooncake")
+    if view.ref not in MOONCAKE:
+        fp.problems.append("store faults need the Mooncake store: stack.ref: sandbox-mooncake or "
+                           "sandbox-docker-mooncake")
         return
     _process(fp, p, sc, view)
     if fp.targets:
-        fp.targets[0]["master_metrics_url"] = f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics"
+        fp.targets[0]["master_metrics_url"] = (
+            f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics" if view.netns
+            else "http://127.0.0.1:<free port>/metrics")
 
 
 def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
@@ -236,7 +243,7 @@ def _disk(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     fs = view.l2_fs
     if view.l2_dir is None or fs is None:
         fp.problems.append("disk faults act only on a filesystem the run mounts: set stack.lmcache.l2_fs "
-                           "(stack.ref: sandbox)")
+                           "(stack.ref: sandbox or sandbox-docker)")
         return
     stack_dir = view.run_dir / "stack"
     mountpoint = stack_dir / "l2fs" if fs["faultfs"] else view.l2_dir
@@ -295,8 +302,8 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 def _model(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.model import UPGRADED, derived_weights_path
 
-    if view.ref != "sandbox":
-        fp.problems.append("model faults swap weights on the sandbox stack: stack.ref: sandbox")
+    if view.ref not in ("sandbox", "sandbox-docker"):
+        fp.problems.append("model faults swap weights on the sandbox stack: stack.ref: sandbox or sandbox-docker")
         return
     fp.targets.append({"services": list(UPGRADED), "served_path": p.served_path,
                        "v1": {"path": str(view.model_dir / "model.safetensors")},

@@ -82,7 +82,7 @@ class Outcome:
 
 
 def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
-    if spec.ref == "sandbox-mooncake":
+    if spec.ref in ("sandbox-mooncake", "sandbox-docker-mooncake"):
         opts = MooncakeOptions(load_failure_policy=spec.mooncake.load_failure_policy,
                                prefix_caching=bool(spec.engine.prefix_caching), chunk_size=spec.lmcache.chunk_size,
                                segment_size=spec.mooncake.segment_size, client_ttl=spec.mooncake.client_ttl,
@@ -90,9 +90,13 @@ def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.Asy
                                startup_deadline=spec.engine.startup_deadline,
                                shutdown_timeout=spec.engine.shutdown_timeout,
                                transfer_timeout=spec.mooncake.transfer_timeout, cpu_shim=spec.mooncake.cpu_shim)
+        if spec.ref == "sandbox-docker-mooncake":
+            from drills.stack.docker_mooncake import DockerMooncakeStack  # the docker SDK only where containers run
+
+            return DockerMooncakeStack(opts, run_dir, journal, http)
         return MooncakeStack(opts, run_dir, journal, http)
     if spec.ref == "sandbox-docker":
-        from drills.stack.docker_sandbox import DockerSandboxStack  # the docker SDK only where containers run
+        from drills.stack.docker_sandbox import DockerSandboxStack
 
         return DockerSandboxStack(spec, run_dir, journal, http)
     return SandboxStack(spec, run_dir, journal, http)

@@ -115,10 +115,11 @@ class MooncakeSpec(_Strict):
 
 
 class StackSpec(_Strict):
-    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-docker"] = Field(
+    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-docker", "sandbox-docker-mooncake"] = Field(
         "sandbox", description="which stack under compose/ runs the drill: sandbox (LMCache MP server, fs L2), "
-                               "sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace) or "
-                               "sandbox-docker (the sandbox as containers on kvdrill's own Docker engine)")
+                               "sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace), "
+                               "sandbox-docker or sandbox-docker-mooncake (the same two as containers on "
+                               "kvdrill's own Docker engine)")
     lmcache: LMCacheOptions = LMCacheOptions()
     engine: EngineOptions = EngineOptions()
     mooncake: MooncakeSpec = MooncakeSpec()

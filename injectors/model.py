@@ -97,7 +97,7 @@ class ModelUpgrade(Injector):
     async def plan(self) -> list[dict[str, Any]]:
         stack = self.ctx.stack
         if not hasattr(stack, "serve_model_from"):
-            raise InjectionError("model: this stack cannot swap weights (stack.ref: sandbox only)")
+            raise InjectionError("model: this stack cannot swap weights (stack.ref: sandbox or sandbox-docker)")
         self.v1 = stack.model_dir / "model.safetensors"
         self.v2 = await asyncio.to_thread(derived_weights, stack.model_dir, self.p.seed, self.p.scale)
         return [{"services": list(UPGRADED), "served_model": SERVED_MODEL, "served_path": self.p.served_path,

@@ -53,7 +53,8 @@ class StoreFault(ProcessFault):
 
     async def plan(self) -> list[dict[str, Any]]:
         if not hasattr(self.ctx.stack, "master_metrics"):
-            raise InjectionError("store: this stack has no Mooncake store; use stack.ref: sandbox-mooncake")
+            raise InjectionError("store: this stack has no Mooncake store; use stack.ref: sandbox-mooncake or "
+                                 "sandbox-docker-mooncake")
         targets = await super().plan()
         self.before = await self._master_view()
         targets[0]["master_before"] = self.before

@@ -203,6 +203,10 @@ class RunFilesystem:
     current_size: int | None = None  # after shrink_to
     fillers: list[str] = field(default_factory=list)
     readonly_binds: list[str] = field(default_factory=list)
+    # "bind": read-only is a bind over the target on the host. "remount": the whole filesystem is remounted
+    # read-only, for a filesystem a container holds its own bind of (a host bind never reaches that mount
+    # namespace; the superblock's flag does, as when a real disk goes read-only)
+    readonly_by: str = "bind"
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -481,16 +485,22 @@ class RunFilesystem:
         _run("mount", "-o", f"remount,size={size_bytes}", str(self.mountpoint))
 
     def make_readonly(self, path: Path | str | None = None) -> dict[str, Any]:
-        """Bind ``path`` (default: the mountpoint) over itself read-only: new opens for writing get EROFS.
-        File descriptors opened before keep writing."""
+        """Bind ``path`` (default: the mountpoint) over itself read-only, or remount the filesystem read-only
+        (``readonly_by: remount``): new opens for writing get EROFS. File descriptors opened before keep writing."""
         self.check_owned()
         target = Path(path).resolve() if path is not None else self.mountpoint
         if not inside(target, self.mountpoint):
             raise DiskFsError(f"{target} is not on the run filesystem {self.fs_id} at {self.mountpoint}")
         if self._bind_on(target) is not None:
             return {"target": str(target), "already": True}
+        if self.readonly_by == "remount" and target != self.mountpoint:
+            raise DiskFsError(f"{self.fs_id} is shared with a container: only its whole filesystem ({self.mountpoint}) "
+                              f"can turn read-only, not {target}")
         if str(target) not in self.readonly_binds:
             self.readonly_binds.append(str(target))
+        if self.readonly_by == "remount":
+            _run("mount", "-o", "remount,ro", str(target))
+            return {"target": str(target), "already": False, "by": "remount"}
         _run("mount", "--bind", str(target), str(target))
         try:
             _run("mount", "-o", "remount,bind,ro", str(target))
@@ -504,16 +514,19 @@ class RunFilesystem:
         ours = [m for m in entries_at(target) if self._ours(m)]
         if not ours:
             return None
+        if self.readonly_by == "remount":
+            return ours[-1] if target == self.mountpoint and ours[-1].readonly else None
         base_count = 1 if target == self.mountpoint else 0
         return ours[-1] if len(ours) > base_count and ours[-1].readonly else None
 
     def make_writable(self, path: Path | str | None = None) -> list[str]:
-        """Remove the read-only binds (all of them, or the one at ``path``); returns the targets unmounted."""
+        """Remove the read-only binds (all of them, or the one at ``path``), or remount the filesystem
+        read-write (``readonly_by: remount``); returns the targets made writable."""
         targets = [str(Path(path).resolve())] if path is not None else list(self.readonly_binds)
         done = []
         for t in targets:
             while self._bind_on(Path(t)) is not None:
-                _run("umount", t)
+                _run(*(("mount", "-o", "remount,rw") if self.readonly_by == "remount" else ("umount",)), t)
                 done.append(t)
             if t in self.readonly_binds:
                 self.readonly_binds.remove(t)

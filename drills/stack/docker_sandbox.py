@@ -3,35 +3,44 @@
 Same components, flags and links as the local-process sandbox (:class:`~drills.stack.sandbox.SandboxStack`,
 whose LMCache-facing calls this inherits: chunk hashes, L2 files, status, clear, warm-up wait), so a
 scenario runs unchanged with ``stack.ref: sandbox-docker`` or ``kvdrill run --stack sandbox-docker``.
-What changes is underneath: services are containers of a compose project named after the run, the L2
-is a named volume (kvdrill reads its chunk files at the volume's mountpoint in its own engine's data
-root), and process faults are container operations (:mod:`drills.stack.containers`).
+What changes is underneath: services are containers of a compose project named after the run
+(:mod:`drills.stack.compose_project`), and process faults are container operations
+(:mod:`drills.stack.containers`).
 
-The engine is kvdrill's (:class:`~drills.stack.dockerd.OwnedEngine`): one left running by ``kvdrill
-docker up`` or a test session is used and left running; otherwise the stack starts one and stops it at
-``down``, taking what it changed on the host with it.
+The L2 is a named volume (kvdrill reads its chunk files at the volume's mountpoint in its own engine's
+data root), or, when the scenario asks for ``lmcache.l2_fs``, the run's own filesystem bind-mounted into
+the LMCache container: the disk faults then act on the filesystem the container writes to, from the
+host, as on processes (read-only turns the whole filesystem read-only: a bind on the host would not
+reach the container's mount). The engine and the baseline serve the run's served-model directory
+(symlinks) through read-only binds of kvdrill's model cache, so the ``model`` upgrade swaps weights under
+a container as it does under a process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
-import time
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from drills.journal import Journal
-from drills.pins import REPO_ROOT, cache_home, stack_venv
+from drills.pins import REPO_ROOT, stack_venv
 from drills.scenario import StackSpec
-from drills.stack.containers import ContainerDriver, compose
-from drills.stack.dockerd import OwnedEngine
-from drills.stack.images import ImageError, StackInputs, sandbox_image
-from drills.stack.process import ServiceSpec, StackError
-from drills.stack.sandbox import SERVED_MODEL, SandboxStack, free_port, write_toxiproxy_config
+from drills.stack.compose_project import ComposeProject, ComposeStack, volume_dir
+from drills.stack.process import ServiceSpec
+from drills.stack.sandbox import (
+    SERVED_MODEL,
+    SandboxStack,
+    free_port,
+    link_model,
+    remove_served,
+    served_dir,
+    write_toxiproxy_config,
+)
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-docker" / "docker-compose.yml"
 # ports inside the containers that kvdrill names (the compose file has them; compose publishes each on a
@@ -40,49 +49,41 @@ LMCACHE_ZMQ, PROXY_LISTEN = 5555, 6555
 L2_IN_CONTAINER = "/var/lib/kvdrill/l2"
 CONFIG_IN_CONTAINER = "/config"
 DEPENDS = {"engine": ["lmcache", "toxiproxy"]}
-
-
-def project_name(run_dir: Path) -> str:
-    """A compose project per stack directory: lower-case, and short enough for container names."""
-    return "kvd" + hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:10]
-
-
-def engine_state_dir() -> Path:
-    return cache_home() / "docker"
+L2_VOLUME = "l2"
 
 
 def l2_volume_dir(project: str) -> Path:
-    """The host mountpoint of a project's L2 volume, under kvdrill's engine's data root (known before the
-    volume exists, so a dry run and the isolation rules can name it; checked against the engine at up)."""
-    return engine_state_dir() / "root" / "volumes" / f"{project}_l2" / "_data"
+    return volume_dir(project, L2_VOLUME)
 
 
-class DockerSandboxStack(SandboxStack):
+class DockerSandboxStack(ComposeStack, SandboxStack):
     ref = "sandbox-docker"
 
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)
         self.ports = {k: free_port() for k in ("lmcache_http", "lmcache_zmq", "lmcache_proxy", "engine", "baseline",
                                                "toxiproxy")}
-        self.project = project_name(self.run_dir)
-        self.engine = OwnedEngine(engine_state_dir())
-        self.engine_started_here = False
-        self.client = None
-        self.image: str | None = None
+        self.compose_project = ComposeProject(COMPOSE_FILE, self.run_dir, journal, self.run_dir / "logs")
         self.env: dict[str, str] = {}
-        self.l2_dir = l2_volume_dir(self.project)
-        self.owned_dirs = [self.l2_dir.parent]
+        if options.lmcache.l2_fs is None:
+            self.l2_dir = l2_volume_dir(self.project)
+            self.owned_dirs = [self.l2_dir.parent]
+        # services whose container must be created again before their next start (a new model path)
+        self._recreate: set[str] = set()
+        self._compose_lock = asyncio.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         lm, eng = self.options.lmcache, self.options.engine
-        if lm.l2_fs is not None:
-            raise StackError("stack.lmcache.l2_fs (a run-mounted filesystem under the L2) is not available on "
-                             "sandbox-docker: its L2 is a named volume; run disk faults with stack.ref: sandbox")
-        inputs = StackInputs.of_this_host()
         config_dir = self.run_dir / "stack" / "config"
         config_dir.mkdir(parents=True, exist_ok=True)
+        if lm.l2_fs is not None:
+            self.l2_dir.mkdir(parents=True, exist_ok=True)
+            if self.l2_fs is None:
+                self._mount_l2(lm.l2_fs)
+            if hasattr(self.l2_fs, "readonly_by"):  # the container binds this filesystem itself (no FUSE between)
+                self.l2_fs.readonly_by = "remount"
         adapter: dict[str, Any] = {"type": "fs", "base_path": L2_IN_CONTAINER}
         if lm.l2_serde == "aesgcm":
             key = config_dir / "aesgcm.key"
@@ -96,10 +97,13 @@ class DockerSandboxStack(SandboxStack):
                        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
                        "kv_role": "kv_both", "kv_connector_extra_config": extra}
         write_toxiproxy_config(config_dir, self.proxies)
-        self.served_model_dir = inputs.model
+        self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
         self.env = {
-            "KVD_VENV": str(stack_venv()), "KVD_MODEL_DIR": str(inputs.model), "KVD_SERVED_MODEL": SERVED_MODEL,
-            "KVD_DTYPE": self.pins.dtype,
+            "KVD_VENV": str(stack_venv()), "KVD_SERVED_MODEL": SERVED_MODEL, "KVD_DTYPE": self.pins.dtype,
+            # the served directory's symlinks point into the model cache: both are bound at their host paths
+            "KVD_SERVED_MODEL_DIR": str(self.served_model_dir), "KVD_SERVED_ROOT": str(self.served_model_dir.parent),
+            "KVD_MODELS_ROOT": str(self.model_dir.parent),
+            "KVD_L2_SOURCE": str(self.l2_dir) if lm.l2_fs is not None else L2_VOLUME,
             "KVD_CONFIG_DIR": str(config_dir), "KVD_TOXIPROXY_SEED": str(self.toxiproxy_seed),
             **{f"KVD_PORT_{k.upper()}": str(v) for k, v in self.ports.items()},
             "KVD_L1_SIZE_GB": str(lm.l1_size_gb), "KVD_CHUNK_SIZE": str(lm.chunk_size),
@@ -117,6 +121,7 @@ class DockerSandboxStack(SandboxStack):
         self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,
                             l2_dir=str(self.l2_dir), toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir),
                             served_model_dir=str(self.served_model_dir), l2_adapter=adapter,
+                            l2_source=self.env["KVD_L2_SOURCE"],
                             kv_transfer_config=kv_transfer, compose_file=str(COMPOSE_FILE.relative_to(REPO_ROOT)))
 
     def _specs(self, engine_deadline: float) -> dict[str, ServiceSpec]:
@@ -131,55 +136,38 @@ class DockerSandboxStack(SandboxStack):
                                   depends_on=DEPENDS.get(name, []))
                 for name in ("toxiproxy", "lmcache", "engine", "baseline")}
 
-    def _client(self):
-        if self.client is None:
-            if self.engine.running_pid() is not None:
-                self.client = self.engine.connect()
-            else:
-                self.client = self.engine.start()
-                self.engine_started_here = True
-                self.journal.append("docker.engine_started", socket=str(self.engine.socket),
-                                    pid=self.engine.running_pid(), state_dir=str(self.engine.state_dir))
-        return self.client
-
     async def up(self) -> None:
         if not self.specs:
             self.prepare()
-        client = await asyncio.to_thread(self._client)
-        started = time.monotonic()
-        try:
-            self.image = await asyncio.to_thread(sandbox_image, client)
-        except ImageError as exc:
-            raise StackError(str(exc)) from exc
-        self.env["KVD_IMAGE"] = self.image
-        self.journal.append("docker.image", image=self.image, took_s=round(time.monotonic() - started, 1),
-                            id=client.images.get(self.image).id)
-        await asyncio.to_thread(compose, self.project, COMPOSE_FILE, self.env, "up", "--no-start",
-                                docker_host=self.engine.base_url)
-        mountpoint = Path(client.volumes.get(f"{self.project}_l2").attrs["Mountpoint"])
-        if mountpoint != self.l2_dir:
-            raise StackError(f"the L2 volume is at {mountpoint}, not {self.l2_dir}: is DOCKER_HOST another engine?")
-        self.driver = ContainerDriver(self.run_dir / "logs", self.journal, client, self.project,
-                                      self.engine.base_url)
-        self.journal.append("docker.project_created", project=self.project, docker_host=self.engine.base_url,
-                            containers=sorted(c.name for c in self.driver.project_containers()),
-                            network=self.driver.network_name(), volume=f"{self.project}_l2")
+        volumes = {L2_VOLUME: self.l2_dir} if self.options.lmcache.l2_fs is None else {}
+        self.driver = await self.compose_project.create(self.env, volumes)
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
     async def down(self) -> None:
         try:
-            if isinstance(self.driver, ContainerDriver):
-                await self.driver.stop_all()
+            await self.remove_containers()
         finally:
-            if self.client is not None:
-                out = await asyncio.to_thread(compose, self.project, COMPOSE_FILE, {**self.env, "KVD_IMAGE": self.image or "none"},
-                                              "down", "--volumes", "--timeout", "5", docker_host=self.engine.base_url)
-                left = [c.name for c in self.client.containers.list(all=True, filters={"label": f"com.docker.compose.project={self.project}"})]
-                self.journal.append("docker.project_removed", project=self.project, output=out[-2000:], left=left)
-                if self.engine_started_here:
-                    report = await asyncio.to_thread(self.engine.stop)
-                    self.journal.append("docker.engine_stopped", report=_jsonable(report))
-                self.client = None
+            remove_served(self.run_dir)
+            self._unmount_l2()
+
+    # --- a model served from a new path ------------------------------------------------------------
+
+    def serve_model_from(self, path: Path) -> None:
+        """Engine and baseline serve ``path`` from their next start: their containers are created again
+        with the new ``--model`` (a container's command is fixed when it is created)."""
+        self.env["KVD_SERVED_MODEL_DIR"] = str(path)
+        self._recreate |= {"engine", "baseline"}
+
+    async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        if name not in self._recreate:
+            return await super().restart(name, sig=sig, grace=grace)
+        await self.driver.stop(name, sig=sig, grace=grace)
+        async with self._compose_lock:  # one compose at a time on the project (engine and baseline restart together)
+            out = await asyncio.to_thread(self.compose_project.compose, self.env, "up", "--no-start", "--no-deps", name)
+        self._recreate.discard(name)
+        self.journal.append("docker.service_recreated", service=name, model=self.env["KVD_SERVED_MODEL_DIR"],
+                            output=out[-1000:])
+        await self.driver.wait_healthy(await self.driver._launch(self.specs[name]), self.http)
 
     # --- endpoints ---------------------------------------------------------------------------------
 
@@ -201,8 +189,4 @@ class DockerSandboxStack(SandboxStack):
         return address
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "project": self.project, "image": self.image, "docker_host": self.engine.base_url}
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+        return {**super().state(), **self.compose_project.state()}

@@ -132,7 +132,7 @@ RUNTIME_PACKAGES = ("libgomp1", "libibverbs1", "libnuma1", "libcurl4", "libelf1"
                     "libtirpc3", "libnsl2", "procps", "iproute2", "ca-certificates")
 # kvdrill's own files the containers run: the Toxiproxy server and the LMCache server patch (D3 fix)
 KVDRILL_FILES = ("drills/__init__.py", "drills/stack/__init__.py", "drills/stack/toxiproxy_server.py",
-                 "drills/stack/toxiserver", "drills/stack/lmcache_patches")
+                 "drills/stack/toxiserver", "drills/stack/lmcache_patches", "drills/stack/vllm_shims")
 KVDRILL_IN_IMAGE = "/opt/kvdrill"
 
 

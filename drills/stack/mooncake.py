@@ -134,6 +134,13 @@ class MooncakeStack(ProcessStack):
             },
         }
 
+    def kv_transfer_config(self) -> dict[str, Any]:
+        kv_transfer = {"kv_connector": "LMCacheConnectorV1", "kv_connector_module_path": "lmcache_cpu_shim",
+                       "kv_role": "kv_both", "kv_load_failure_policy": self.options.load_failure_policy}
+        if not self.options.cpu_shim:
+            del kv_transfer["kv_connector_module_path"]  # vLLM's own registration of the connector
+        return kv_transfer
+
     def prepare(self) -> None:
         """Check the install, choose the namespace and its subnet, write the LMCache config, render the
         services; no namespace or process is created here."""
@@ -150,10 +157,7 @@ class MooncakeStack(ProcessStack):
         yaml.default_flow_style = False
         with self.lmcache_config.open("w") as fh:
             yaml.dump(self.lmcache_config_doc(), fh)
-        kv_transfer = {"kv_connector": "LMCacheConnectorV1", "kv_connector_module_path": "lmcache_cpu_shim",
-                       "kv_role": "kv_both", "kv_load_failure_policy": self.options.load_failure_policy}
-        if not self.options.cpu_shim:
-            del kv_transfer["kv_connector_module_path"]  # vLLM's own registration of the connector
+        kv_transfer = self.kv_transfer_config()
         venv = stack_venv()
         opts = self.options
         variables = {

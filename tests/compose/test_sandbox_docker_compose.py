@@ -12,8 +12,8 @@ from ruamel.yaml import YAML
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack import docker_sandbox
-from drills.stack.docker_sandbox import COMPOSE_FILE, DockerSandboxStack, project_name
+from drills.stack.compose_project import project_name
+from drills.stack.docker_sandbox import COMPOSE_FILE, DockerSandboxStack
 from drills.stack.sandbox import COMPOSE_FILE as PROCESS_COMPOSE
 
 TEXT = COMPOSE_FILE.read_text()
@@ -38,7 +38,6 @@ def test_every_service_shares_host_ipc_and_pids_and_publishes_on_loopback_only(n
 
 
 def test_the_l2_is_a_named_volume_and_the_engine_reaches_lmcache_through_the_proxy():
-    assert "l2:/var/lib/kvdrill/l2" in SERVICES["lmcache"]["volumes"]
     assert DOC["volumes"]["l2"]["labels"] == {"kvdrill": "1"}
     assert DOC["networks"]["default"]["labels"] == {"kvdrill": "1"}
     assert SERVICES["engine"]["depends_on"] == ["lmcache", "toxiproxy"]
@@ -55,32 +54,75 @@ def test_vllm_flags_match_the_local_sandbox():
 
 
 @pytest.fixture
-def stack(tmp_path, monkeypatch):
-    monkeypatch.setattr(docker_sandbox.StackInputs, "of_this_host", classmethod(
-        lambda cls: cls(python_prefix=Path("/py"), venv=Path("/venv"), model=Path("/models/m"))))
-    return DockerSandboxStack(StackSpec(ref="sandbox-docker"), tmp_path, Journal(tmp_path), httpx.AsyncClient())
+def model(tmp_path, monkeypatch):
+    """A kvdrill home with a model directory, so prepare() can link the run's served directory to it."""
+    monkeypatch.setenv("KVDRILL_HOME", str(tmp_path / "home"))
+    from drills.pins import load_pins, model_dir
+    path = model_dir(load_pins())
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"weights")
+    (path / "config.json").write_text("{}")
+    return path
 
 
-def test_prepare_fills_every_variable_the_compose_file_uses(stack):
+@pytest.fixture
+def stack(tmp_path, model):
+    return DockerSandboxStack(StackSpec(ref="sandbox-docker"), tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
+
+
+def test_prepare_fills_every_variable_the_compose_file_uses(stack, model):
     stack.prepare()
     used = set(re.findall(r"\$\{(KVD_[A-Z0-9_]+)\}", TEXT))
     assert used - set(stack.env) == {"KVD_IMAGE"}  # the image is known once it is built, at up
-    assert stack.env["KVD_MODEL_DIR"] == "/models/m"
+    assert stack.env["KVD_L2_SOURCE"] == "l2"
     assert all(p.startswith("0.0.0.0:") for p in (x["listen"] for x in stack.proxies))
     assert stack.specs["engine"].depends_on == ["lmcache", "toxiproxy"]
     assert stack.specs["engine"].health_url == f"http://127.0.0.1:{stack.ports['engine']}/health"
 
 
+def test_engines_serve_the_runs_served_directory_bound_with_the_model_cache(stack, model):
+    """What the model upgrade swaps (the served directory's weights link) is what the containers read."""
+    stack.prepare()
+    served = Path(stack.env["KVD_SERVED_MODEL_DIR"])
+    assert (served / "model.safetensors").resolve() == (model / "model.safetensors").resolve()
+    assert Path(stack.env["KVD_SERVED_ROOT"]) == served.parent
+    assert Path(stack.env["KVD_MODELS_ROOT"]) == model.parent
+    for name in ("engine", "baseline"):
+        assert "${KVD_SERVED_MODEL_DIR}" in SERVICES[name]["command"]
+        assert set(SERVICES[name]["volumes"]) == {"${KVD_SERVED_ROOT}:${KVD_SERVED_ROOT}:ro",
+                                                  "${KVD_MODELS_ROOT}:${KVD_MODELS_ROOT}:ro"}
+
+
+def test_a_new_model_path_recreates_engine_and_baseline_at_their_next_start(stack, model, tmp_path):
+    stack.prepare()
+    stack.serve_model_from(tmp_path / "v2")
+    assert stack.env["KVD_SERVED_MODEL_DIR"] == str(tmp_path / "v2")
+    assert stack._recreate == {"engine", "baseline"}
+
+
 def test_the_l2_volume_path_is_known_before_the_volume_exists(stack, tmp_path):
-    assert stack.l2_dir.parts[-3:] == ("volumes", f"{project_name(tmp_path)}_l2", "_data")
+    assert stack.l2_dir.parts[-3:] == ("volumes", f"{project_name(tmp_path / 'run')}_l2", "_data")
     assert stack.l2_dir.parent in stack.owned_dirs
 
 
-def test_a_run_filesystem_under_the_l2_is_refused_with_the_reason(tmp_path, monkeypatch):
+def test_a_run_filesystem_is_bound_into_lmcache_instead_of_the_volume(tmp_path, model, monkeypatch):
+    """The disk faults act from the host on the filesystem the container writes to; read-only is the whole
+    filesystem's (a host bind would not reach the container's own mount)."""
+    from drills.stack.diskfs import RunFilesystem
+
     spec = StackSpec.model_validate({"ref": "sandbox-docker", "lmcache": {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}})
-    stack = DockerSandboxStack(spec, tmp_path, Journal(tmp_path), httpx.AsyncClient())
-    with pytest.raises(docker_sandbox.StackError, match="named volume"):
-        stack.prepare()
+    stack = DockerSandboxStack(spec, tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
+    planned = []
+
+    def mount(opt):
+        stack.l2_fs = RunFilesystem.plan(opt.kind, int(opt.size), stack.l2_dir, stack.run_dir)
+        planned.append(stack.l2_fs)
+    monkeypatch.setattr(stack, "_mount_l2", mount)
+    stack.prepare()
+    assert stack.l2_dir == (tmp_path / "run" / "stack" / "l2").resolve()
+    assert stack.env["KVD_L2_SOURCE"] == str(stack.l2_dir)
+    assert planned and planned[0].readonly_by == "remount"
+    assert "${KVD_L2_SOURCE}:/var/lib/kvdrill/l2" in SERVICES["lmcache"]["volumes"]
 
 
 def test_project_names_are_short_lowercase_and_per_directory(tmp_path):

@@ -15,7 +15,7 @@ FLAGSHIP = Path(__file__).resolve().parents[2] / "scenarios/flagship/hit-rate-is
 def test_an_unknown_stack_is_refused_with_the_allowed_values():
     result = CliRunner().invoke(app, ["run", str(FLAGSHIP), "--stack", "sandbox-dokcer", "--dry-run"])
     assert result.exit_code == 2
-    assert "'sandbox', 'sandbox-mooncake' or 'sandbox-docker'" in result.output
+    assert "'sandbox', 'sandbox-mooncake', 'sandbox-docker' or 'sandbox-docker-mooncake'" in result.output
 
 
 def test_the_flagship_plans_on_containers_with_its_chunk_files_in_the_project_volume(tmp_path):
@@ -32,3 +32,32 @@ def test_a_suite_on_an_unknown_stack_runs_nothing(tmp_path):
     result = CliRunner().invoke(app, ["suite", str(FLAGSHIP), "--stack", "docker", "--reports-dir", str(tmp_path)])
     assert result.exit_code == 2 and "'sandbox-docker'" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def _plan(tmp_path, scenario: str, stack: str, exit_code: int = 0) -> dict:
+    path = FLAGSHIP.parents[1] / scenario
+    result = CliRunner().invoke(app, ["run", str(path), "--stack", stack, "--dry-run", "--json",
+                                      "--reports-dir", str(tmp_path)])
+    assert result.exit_code == exit_code, result.output
+    return json.loads(result.output)
+
+
+def test_a_store_drill_plans_on_mooncake_in_containers(tmp_path):
+    plan = _plan(tmp_path, "incidents/lmcache-1814-contributor-kill.yaml", "sandbox-docker-mooncake")
+    assert plan["allowed"], plan["problems"]
+    [fault] = plan["faults"]
+    assert fault["targets"][0]["service"] == "store-a"
+    assert fault["targets"][0]["master_metrics_url"].startswith("http://127.0.0.1:")
+    assert plan["stack"]["netns"] is None
+
+
+def test_a_disk_drill_plans_on_containers_on_the_runs_own_filesystem(tmp_path):
+    plan = _plan(tmp_path, "basics/disk-full.yaml", "sandbox-docker")
+    assert plan["allowed"], plan["problems"]
+    assert plan["stack"]["l2_dir"].endswith("/stack/l2") and plan["stack"]["l2_fs"]["kind"]
+
+
+def test_a_model_upgrade_plans_on_containers_and_a_store_fault_does_not(tmp_path):
+    assert _plan(tmp_path, "incidents/model-upgrade-new-path.yaml", "sandbox-docker")["allowed"]
+    plan = _plan(tmp_path, "incidents/lmcache-1814-contributor-kill.yaml", "sandbox-docker", exit_code=2)
+    assert not plan["allowed"] and any("sandbox-docker-mooncake" in p for p in plan["problems"])

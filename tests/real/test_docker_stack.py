@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -20,7 +21,8 @@ import pytest
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack.docker_sandbox import DockerSandboxStack, engine_state_dir
+from drills.stack.compose_project import engine_state_dir
+from drills.stack.docker_sandbox import DockerSandboxStack
 from drills.stack.dockerd import LABEL, HostNetState, OwnedEngine, default_engine_running
 from drills.stack.process import StackError
 from injectors.base import InjectionContext
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.real
 
 FLAGSHIP = REPO / "scenarios/flagship/hit-rate-is-not-correctness.yaml"
 TWIN = REPO / "scenarios/flagship/hit-rate-is-not-correctness-aesgcm.yaml"
+MOONCAKE_KILL = REPO / "scenarios/incidents/lmcache-1814-contributor-kill.yaml"
 
 
 def _labelled(client: docker.DockerClient) -> dict[str, list[str]]:
@@ -64,13 +67,24 @@ def engine():
     assert leftovers == {"containers": [], "networks": [], "volumes": []}, leftovers
 
 
-def run_drill(scenario: Path, name: str):
+def run_drill(scenario: Path, name: str, stack: str = "sandbox-docker"):
     reports = ARTIFACTS / name
     reports.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in reports.iterdir()}
-    proc = run_kvdrill(["run", str(scenario), "--stack", "sandbox-docker", "--reports-dir", str(reports)], timeout=1800)
+    proc = run_kvdrill(["run", str(scenario), "--stack", stack, "--reports-dir", str(reports)], timeout=1800)
     [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
     return proc, run_dir, json.loads((run_dir / "verdict.json").read_text())
+
+
+def run_suite(scenarios: list[Path], name: str, stack: str = "sandbox-docker"):
+    """One stack for the scenarios (their stack specs are equal, so the suite reuses it)."""
+    reports = ARTIFACTS / name
+    reports.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in reports.iterdir()}
+    proc = run_kvdrill(["suite", *map(str, scenarios), "--stack", stack, "--reports-dir", str(reports)], timeout=2400)
+    [suite_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    runs = [p for p in suite_dir.iterdir() if (p / "verdict.json").exists()]
+    return proc, {Path(json.loads((r / "verdict.json").read_text())["scenario"]).stem: r for r in runs}
 
 
 def _events(run_dir: Path, type_: str) -> list[dict]:
@@ -102,6 +116,56 @@ def test_twin_on_containers_passes_as_on_processes(engine):
     proc, run_dir, doc = run_drill(TWIN, "docker-twin")
     assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     assert doc["verdict"] == "pass" and doc["expectation"]["held"] is True
+
+
+def test_a_contributor_kill_on_mooncake_in_containers_fails_on_liveness_as_on_processes(engine):
+    """The store injector on containers: store-a's container SIGKILLed under policy fail, the master's view
+    read back, and the same verdict as on the process stack (D9: HTTP 500s instead of a recompute)."""
+    proc, run_dir, doc = run_drill(MOONCAKE_KILL, "docker-mooncake-kill", stack="sandbox-docker-mooncake")
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert doc["verdict"] == "fail" and doc["expectation"]["held"] is True
+    [prepared] = _events(run_dir, "stack.prepared")
+    assert prepared["data"]["ref"] == "sandbox-docker-mooncake"
+    [pod] = _events(run_dir, "docker.pod_started")
+    started = {e["data"]["service"]: e["data"] for e in _events(run_dir, "service.started")}
+    assert {"toxiproxy", "mooncake-master", "store-a", "store-b", "engine", "baseline"} <= set(started)
+    assert all(s["container"].startswith(prepared["data"]["project"]) for s in started.values())
+    [verified] = _events(run_dir, "fault.verified")
+    assert verified["data"]["effective"] is True and "master sees" in verified["data"]["summary"]
+    [healed] = _events(run_dir, "fault.healed")
+    assert healed["data"]["undone"][0].startswith("started store-a again")  # the same container, a new generation
+    assert _events(run_dir, "docker.project_removed")[0]["data"]["left"] == []
+
+
+def test_disk_faults_on_containers_act_on_the_filesystem_the_lmcache_container_writes(engine):
+    """The disk injector on containers: the run's filesystem (fault filesystem over a tmpfs) is bound into
+    the LMCache container; full and read-only act on it from the host, and the verdicts are the process
+    stack's (both pass: a failed L2 store must not cost correctness)."""
+    proc, runs = run_suite([REPO / "scenarios/basics/disk-full.yaml", REPO / "scenarios/basics/disk-readonly.yaml"],
+                           "docker-disk")
+    assert proc.returncode == 0, f"expectations not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert set(runs) == {"disk-full", "disk-readonly"}
+    first = runs["disk-full"]
+    [prepared] = _events(first, "stack.prepared")
+    assert prepared["data"]["ref"] == "sandbox-docker" and prepared["data"]["l2_source"].endswith("/stack/l2")
+    for run_dir in runs.values():
+        [verified] = _events(run_dir, "fault.verified")
+        assert verified["data"]["effective"] is True, verified["data"]["summary"]
+    # the L2 writes the faults stopped were the container's: LMCache's own log says so
+    log = (runs["disk-readonly"] / "logs" / "lmcache.log").read_text(errors="replace") + \
+        (first / "logs" / "lmcache.log").read_text(errors="replace")
+    assert re.search(r"No space left|Read-only file system|Errno (28|30)", log), "no failed L2 write in LMCache's log"
+
+
+def test_a_model_upgrade_under_a_new_path_recreates_the_engine_containers(engine):
+    """The model injector on containers: v2 served from a new path means engine and baseline are created
+    again with the new --model; answers equal v2's own baseline (pass, as on processes)."""
+    proc, run_dir, doc = run_drill(REPO / "scenarios/incidents/model-upgrade-new-path.yaml", "docker-model")
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert doc["verdict"] == "pass" and doc["expectation"]["held"] is True
+    recreated = [e["data"] for e in _events(run_dir, "docker.service_recreated")]
+    assert sorted(r["service"] for r in recreated) == ["baseline", "baseline", "engine", "engine"]  # v2, then v1
+    assert {r["model"] for r in recreated if r["model"].endswith("-v2")}
 
 
 def _ctx(stack, journal) -> InjectionContext:

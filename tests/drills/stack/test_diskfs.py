@@ -136,6 +136,35 @@ def test_readonly_on_a_subdirectory_leaves_the_rest_writable_and_destroy_removes
         fs.destroy()
 
 
+def test_readonly_by_remount_reaches_another_mount_of_the_filesystem(run_root):
+    """What a container stack relies on: the LMCache container holds its own bind of the run's filesystem,
+    which a read-only bind on the host never reaches; the whole filesystem turning read-only does."""
+    fs = RunFilesystem.create("tmpfs", 8 * MiB, run_root / "l2", run_root)
+    fs.readonly_by = "remount"
+    other = run_root / "container-view"
+    other.mkdir()
+    subprocess.run(["mount", "--bind", str(fs.mountpoint), str(other)], check=True)
+    try:
+        with pytest.raises(DiskFsError, match="only its whole filesystem"):
+            fs.make_readonly(_subdir(fs))
+        assert fs.make_readonly() == {"target": str(fs.mountpoint), "already": False, "by": "remount"}
+        assert fs.make_readonly()["already"]
+        assert write_until_error(other / "new.tmp", limit=MiB) == (0, "EROFS")
+        assert fs.make_writable() == [str(fs.mountpoint)]
+        assert fs.make_writable() == []
+        assert write_until_error(other / "new.tmp", limit=MiB) == (MiB, None)
+        assert RunFilesystem.from_dict(fs.as_dict()).readonly_by == "remount"  # an undo from the journal knows
+    finally:
+        subprocess.run(["umount", str(other)], check=False)
+        fs.destroy()
+
+
+def _subdir(fs: RunFilesystem):
+    path = fs.mountpoint / "l2"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def test_ext4_on_a_loop_device_fills_and_is_fully_torn_down(run_root):
     fs = RunFilesystem.create("ext4", 16 * MiB, run_root / "stack" / "l2fs", run_root)
     try:

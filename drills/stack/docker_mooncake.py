@@ -1,0 +1,129 @@
+"""The Mooncake sandbox in containers: ``compose/sandbox-docker/docker-compose.mooncake.yml`` on kvdrill's
+own Docker engine.
+
+Same components, flags, LMCache config and links as the process stack
+(:class:`~drills.stack.mooncake.MooncakeStack`, whose store-facing calls this inherits: the master's
+metrics and keys, the engine-log counters, the warm-up wait), so a Mooncake scenario runs unchanged with
+``stack.ref: sandbox-docker-mooncake`` or ``--stack sandbox-docker-mooncake``. The network namespace the
+process stack creates is here the ``pod`` container's, which the master, the contributors, the proxy
+and the engine join; the ``store`` and ``process`` faults are container operations
+(:mod:`drills.stack.containers`). The kernel network backend needs the process stack's ``kvd-*``
+namespace and refuses this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+from ruamel.yaml import YAML
+
+from drills.journal import Journal
+from drills.pins import REPO_ROOT, stack_venv
+from drills.stack.compose_project import ComposeProject, ComposeStack
+from drills.stack.containers import SERVICE_LABEL
+from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
+from drills.stack.process import ServiceSpec, StackError
+from drills.stack.sandbox import SERVED_MODEL, free_port, write_toxiproxy_config
+
+COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-docker" / "docker-compose.mooncake.yml"
+POD = "pod"  # holds the namespace; not a service a drill sees or faults
+DEPENDS = {"store-a": ["mooncake-master"], "store-b": ["mooncake-master"],
+           "engine": ["mooncake-master", "store-a", "store-b", "toxiproxy"]}
+HEALTH_PATH = {"toxiproxy": "/version"}
+IN_POD = ("toxiproxy", "mooncake-master", "store-a", "store-b", "engine")
+PUBLISHED = ("engine", "master_metrics", "store_a_http", "store_b_http", "toxiproxy", "baseline")
+
+
+class DockerMooncakeStack(ComposeStack, MooncakeStack):
+    ref = "sandbox-docker-mooncake"
+
+    def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        super().__init__(options, run_dir, journal, http)
+        # self.ports stays the in-pod ports (the LMCache config and the proxy use them); these are the host's
+        self.host_ports = {k: free_port() for k in PUBLISHED}
+        self.compose_project = ComposeProject(COMPOSE_FILE, self.run_dir, journal, self.run_dir / "logs")
+        self.config_dir = self.run_dir / "stack" / "config"
+        self.lmcache_config = self.config_dir / "lmcache.yaml"
+        self.env: dict[str, str] = {}
+
+    def state(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "options": asdict(self.options), "ports": self.ports,
+                "host_ports": self.host_ports, "lmcache_config": str(self.lmcache_config),
+                "urls": {n: self.url(n) for n in ("baseline", *HTTP_PORT_OF)},
+                "services": {name: {"pid": svc.pid, "health": svc.spec.health_url}
+                             for name, svc in self.driver.services.items()},
+                **self.compose_project.state()}
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Write the LMCache and proxy configs the containers read from /config, and fill the variables."""
+        if not (self.model_dir / "model.safetensors").exists():
+            raise StackError(f"the model is missing ({self.model_dir}); run `make setup` or `kvdrill setup`")
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        with self.lmcache_config.open("w") as fh:
+            yaml.dump(self.lmcache_config_doc(), fh)
+        self.lmcache_config.chmod(0o644)
+        write_toxiproxy_config(self.config_dir, self.proxies)
+        kv_transfer = self.kv_transfer_config()
+        opts = self.options
+        self.env = {
+            "KVD_VENV": str(stack_venv()), "KVD_MODEL_DIR": str(self.model_dir), "KVD_MODELS_ROOT": str(self.model_dir.parent),
+            "KVD_SERVED_MODEL": SERVED_MODEL, "KVD_DTYPE": self.pins.dtype, "KVD_CONFIG_DIR": str(self.config_dir),
+            "KVD_TOXIPROXY_SEED": str(self.toxiproxy_seed),
+            **{f"KVD_PORT_{k.upper()}": str(v) for k, v in self.host_ports.items()},
+            "KVD_CLIENT_TTL": str(opts.client_ttl), "KVD_SEGMENT_SIZE": opts.segment_size,
+            "KVD_KV_CACHE_SPACE_GB": str(opts.kv_cache_space_gb), "KVD_MAX_MODEL_LEN": str(opts.max_model_len),
+            "KVD_SHUTDOWN_TIMEOUT": str(opts.shutdown_timeout),
+            "KVD_PREFIX_CACHING_FLAG": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
+            "KVD_KV_TRANSFER_CONFIG": json.dumps(kv_transfer),
+        }
+        deadline = {"engine": opts.startup_deadline, "baseline": opts.startup_deadline}
+        self.specs = {name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(REPO_ROOT)}#{name}"],
+                                        env={}, health_url=f"{self.url(name)}{HEALTH_PATH.get(name, '/health')}",
+                                        startup_deadline=float(deadline.get(name, 30.0)),
+                                        depends_on=DEPENDS.get(name, []))
+                      for name in ("toxiproxy", "mooncake-master", "store-a", "store-b", "engine", "baseline")}
+        self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,
+                            host_ports=self.host_ports, toxiproxy_seed=self.toxiproxy_seed,
+                            model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
+                            lmcache_config=self.lmcache_config_doc(),
+                            compose_file=str(COMPOSE_FILE.relative_to(REPO_ROOT)))
+
+    async def up(self) -> None:
+        if not self.specs:
+            self.prepare()
+        self.driver = await self.compose_project.create(self.env, {}, running_first=(POD,))
+        await asyncio.to_thread(self._check_pod)
+        await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
+
+    def _check_pod(self) -> None:
+        """Every service that shares the pod's namespace must really be in it (compose falls back to the
+        default network silently when the pod is not running at creation)."""
+        pod = self.driver.container(POD)
+        pod.reload()
+        joined = {c.labels.get(SERVICE_LABEL): c.attrs["HostConfig"]["NetworkMode"]
+                  for c in self.driver.project_containers() if c.id != pod.id}
+        wrong = {name: mode for name, mode in joined.items()
+                 if name in IN_POD and mode not in (f"container:{pod.id}", f"container:{pod.name}")}
+        if not pod.attrs["State"].get("Running") or wrong:
+            raise StackError(f"the pod {pod.name} is {pod.attrs['State'].get('Status')}; services not in its "
+                             f"namespace: {wrong or 'none'}")
+        self.journal.append("docker.pod_started", container=pod.name, pid=pod.attrs["State"]["Pid"],
+                            ports=self.host_ports, members=sorted(n for n in joined if n in IN_POD))
+
+    async def down(self) -> None:
+        await self.remove_containers()
+
+    # --- endpoints ---------------------------------------------------------------------------------
+
+    def url(self, name: str) -> str:
+        port = self.host_ports["baseline" if name == "baseline" else HTTP_PORT_OF[name]]
+        return f"http://127.0.0.1:{port}"
