@@ -27,7 +27,8 @@ import httpx
 
 from drills.journal import Journal, read_history
 from drills.scenario import load_scenario
-from drills.stack.docker_sandbox import DockerSandboxStack, engine_state_dir
+from drills.stack.compose_project import engine_state_dir
+from drills.stack.docker_sandbox import DockerSandboxStack
 from drills.stack.dockerd import OwnedEngine
 from drills.stack.images import sandbox_image
 from drills.stack.sandbox import SandboxStack
