@@ -35,7 +35,7 @@ NETNS_HOST = "kvd-netns"  # stands for the address of the namespace the run crea
 PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"], "sandbox-docker": ["lmcache"],
            "sandbox-docker-mooncake": ["mooncake-master"]}
 KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"], "sandbox-docker": [],
-                "sandbox-docker-mooncake": []}
+                "sandbox-docker-mooncake": ["mooncake-master", "store-a", "store-b"]}
 COMPOSE = {"sandbox": sandbox.COMPOSE_FILE, "sandbox-mooncake": mooncake.COMPOSE_FILE,
            "sandbox-docker": docker_sandbox.COMPOSE_FILE, "sandbox-docker-mooncake": docker_mooncake.COMPOSE_FILE}
 MOONCAKE = ("sandbox-mooncake", "sandbox-docker-mooncake")
@@ -135,7 +135,9 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
         "stack": {"ref": view.ref, "run_dir": str(view.run_dir), "services": view.services, "urls": urls,
                   "proxies": PROXIES[view.ref], "kernel_links": KERNEL_LINKS[view.ref],
                   "l2_dir": str(view.l2_dir) if view.l2_dir else None, "l2_fs": view.l2_fs,
-                  "netns": "kvd-<8 hex> (created by the run, deleted at down)" if view.netns else None,
+                  "netns": "kvd-<8 hex> (created by the run, deleted at down)" if view.netns else
+                  "the pod container's, listed as kvd-<8 hex> (the name removed at down)"
+                  if view.ref == "sandbox-docker-mooncake" else None,
                   "reuse": sc.stack.reuse},
         "phases": [p for p in PHASES if p != "recovery" or sc.recovery.enabled],
         "workload": {**wl.model_dump(mode="json"), "prompt_seed": seeds.WORKLOAD.format(seed=sc.seed),
@@ -219,9 +221,9 @@ def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
                                                 f"Random({seeds.toxiproxy_seed(sc.seed)}) (seeds.toxiproxy); on a "
                                                 "stack reused in a suite, from the seed of the drill that started it")
         return
-    if not view.netns or p.link not in KERNEL_LINKS[view.ref]:
+    if p.link not in KERNEL_LINKS[view.ref]:
         fp.problems.append(f"the kernel backend acts only in a namespace the run creates: link {p.link!r} needs "
-                           "stack.ref: sandbox-mooncake")
+                           "stack.ref: sandbox-mooncake or sandbox-docker-mooncake")
         return
     fp.targets.append({"backend": "kernel", "netns": "<the run's kvd-* namespace>", "link": p.link,
                        "ports": "<the link's ports, read from the namespace at plan time>", "toxics": names,

@@ -211,7 +211,9 @@ def owned_by_stack(stack: Any) -> Owned:
     dirs += [Path(d) for d in getattr(stack, "owned_dirs", [])]  # e.g. a container stack's L2 volume
     addrs: set[str] = set()
     netns = getattr(stack, "netns", None)
-    if netns is not None and getattr(stack, "netns_created", False):
+    # a namespace kvdrill made reaches the host over its veth pair; the container pod's (listed by name only)
+    # is reached through ports published on 127.0.0.1
+    if getattr(netns, "ns_addr", None) is not None and getattr(stack, "netns_created", False):
         addrs |= {str(netns.ns_addr), str(netns.host_addr)}
     pgids = {svc.pid for svc in stack.driver.services.values()}
     return Owned(dirs=dirs, netns_addrs=addrs, pgids=pgids)

@@ -228,7 +228,8 @@ class NetworkFault(Injector):
         netns = getattr(self.ctx.stack, "netns", None)
         if netns is None or not getattr(self.ctx.stack, "netns_created", False):
             raise InjectionError("network: the kernel backend acts only inside a network namespace the run created; "
-                                 "use stack.ref: sandbox-mooncake, or the toxiproxy backend on this stack")
+                                 "use stack.ref: sandbox-mooncake or sandbox-docker-mooncake, or the toxiproxy "
+                                 "backend on this stack")
         self.kernel = KernelNet(netns)
         ports = self.ctx.stack.ports
         if self.p.link == "mooncake-master":
@@ -251,7 +252,7 @@ class NetworkFault(Injector):
                        KernelPlan(steps=[Step(Loss(Target(iface="lo", port=port), percent=self.p.loss_percent))],
                                   fidelity="good", notes=["per packet; a 64 KiB GSO packet on lo is one packet"]))
                       for port in link_ports]
-        self.target = {"backend": "kernel", "netns": netns.name, "link": self.p.link, "ports": link_ports,
+        self.target = {"backend": "kernel", "netns": self.kernel.name, "link": self.p.link, "ports": link_ports,
                        "plans": [{"port": port, "toxic": t, **plan.as_dict()} for port, t, plan in plans]}
         self._plans = plans
         return self.target

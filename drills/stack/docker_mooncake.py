@@ -7,15 +7,20 @@ metrics and keys, the engine-log counters, the warm-up wait), so a Mooncake scen
 ``stack.ref: sandbox-docker-mooncake`` or ``--stack sandbox-docker-mooncake``. The network namespace the
 process stack creates is here the ``pod`` container's, which the master, the contributors, the proxy
 and the engine join; the ``store`` and ``process`` faults are container operations
-(:mod:`drills.stack.containers`). The kernel network backend needs the process stack's ``kvd-*``
-namespace and refuses this one.
+(:mod:`drills.stack.containers`). The pod's namespace is also listed under /run/netns as ``kvd-<id>``
+(``ip netns attach``), so the kernel network backend shapes the Mooncake links on its loopback exactly
+as in the process stack's namespace (it refuses any namespace not named and listed so); ``down`` and
+``kvdrill rollback`` remove that name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
+import subprocess
 from dataclasses import asdict
+from ipaddress import ip_network
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,7 @@ from drills.pins import REPO_ROOT, stack_venv
 from drills.stack.compose_project import ComposeProject, ComposeStack
 from drills.stack.containers import SERVICE_LABEL
 from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
+from drills.stack.netns import PREFIX, NetNamespace
 from drills.stack.process import ServiceSpec, StackError
 from drills.stack.sandbox import SERVED_MODEL, free_port, write_toxiproxy_config
 
@@ -50,6 +56,7 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
         self.config_dir = self.run_dir / "stack" / "config"
         self.lmcache_config = self.config_dir / "lmcache.yaml"
         self.env: dict[str, str] = {}
+        self.netns_subnet = ""
 
     def state(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "options": asdict(self.options), "ports": self.ports,
@@ -118,9 +125,31 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
                              f"namespace: {wrong or 'none'}")
         self.journal.append("docker.pod_started", container=pod.name, pid=pod.attrs["State"]["Pid"],
                             ports=self.host_ports, members=sorted(n for n in joined if n in IN_POD))
+        self._attach_netns(pod)
+
+    def _attach_netns(self, pod) -> None:
+        """List the pod's namespace as ``kvd-<id>`` (journaled first, so a rollback finds the name)."""
+        name = f"{PREFIX}{secrets.token_hex(4)}"
+        network = next(iter(pod.attrs["NetworkSettings"]["Networks"].values()))
+        record = {"name": name, "subnet": f"{network['IPAddress']}/32", "container": pod.name,
+                  "pid": pod.attrs["State"]["Pid"]}
+        self.journal.append("netns.planned", **record)
+        proc = subprocess.run(["ip", "netns", "attach", name, str(record["pid"])], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StackError(f"ip netns attach {name} {record['pid']} failed: {proc.stderr.strip()}")
+        self.netns, self.netns_subnet, self.netns_created = name, record["subnet"], True
+        self.journal.append("netns.created", **record)
 
     async def down(self) -> None:
-        await self.remove_containers()
+        try:
+            await self.remove_containers()
+        finally:
+            if self.netns_created:
+                # only the name goes: the namespace itself went with the pod
+                ns = NetNamespace(name=self.netns, subnet=ip_network(self.netns_subnet))
+                done = await asyncio.to_thread(ns.delete)
+                self.netns_created = False
+                self.journal.append("netns.deleted", name=self.netns, **done)
 
     # --- endpoints ---------------------------------------------------------------------------------
 

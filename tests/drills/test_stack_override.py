@@ -48,7 +48,14 @@ def test_a_store_drill_plans_on_mooncake_in_containers(tmp_path):
     [fault] = plan["faults"]
     assert fault["targets"][0]["service"] == "store-a"
     assert fault["targets"][0]["master_metrics_url"].startswith("http://127.0.0.1:")
-    assert plan["stack"]["netns"] is None
+    assert "pod" in plan["stack"]["netns"]
+
+
+def test_a_kernel_network_drill_plans_in_the_pods_namespace(tmp_path):
+    plan = _plan(tmp_path, "basics/net-mooncake-data-bandwidth.yaml", "sandbox-docker-mooncake")
+    assert plan["allowed"], plan["problems"]
+    assert {t["link"] for f in plan["faults"] for t in f["targets"]} == {"store-a", "store-b"}
+    assert _plan(tmp_path, "basics/net-mooncake-data-bandwidth.yaml", "sandbox-docker", exit_code=2)["problems"]
 
 
 def test_a_disk_drill_plans_on_containers_on_the_runs_own_filesystem(tmp_path):
