@@ -54,18 +54,6 @@ def test_vllm_flags_match_the_local_sandbox():
 
 
 @pytest.fixture
-def model(tmp_path, monkeypatch):
-    """A kvdrill home with a model directory, so prepare() can link the run's served directory to it."""
-    monkeypatch.setenv("KVDRILL_HOME", str(tmp_path / "home"))
-    from drills.pins import load_pins, model_dir
-    path = model_dir(load_pins())
-    path.mkdir(parents=True)
-    (path / "model.safetensors").write_bytes(b"weights")
-    (path / "config.json").write_text("{}")
-    return path
-
-
-@pytest.fixture
 def stack(tmp_path, model):
     return DockerSandboxStack(StackSpec(ref="sandbox-docker"), tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
 

@@ -61,12 +61,7 @@ def test_mooncake_and_vllm_flags_match_the_process_stack():
 
 
 @pytest.fixture
-def stack(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVDRILL_HOME", str(tmp_path / "home"))
-    from drills.pins import load_pins, model_dir
-    path = model_dir(load_pins())
-    path.mkdir(parents=True)
-    (path / "model.safetensors").write_bytes(b"weights")
+def stack(tmp_path, model):
     return DockerMooncakeStack(MooncakeOptions(), tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
 
 
