@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import benchlog
 import httpx
 
 from drills.journal import Journal, read_history
@@ -87,14 +86,8 @@ def main() -> None:
             engine.stop()
     summary = {ref: {"median_up_s": statistics.median(r["up_s"] for r in rows if r["stack"] == ref),
                      "runs_up_s": [r["up_s"] for r in rows if r["stack"] == ref]} for ref in STACKS}
-    result = {"when": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "cpus": os.cpu_count(),
-              "image": image, "image_ready_s": round(image_s, 1), "engine_started_s": round(engine_s, 1) if started_engine
-              else None, "runs": rows, "summary": summary}
-    out = HERE / "results" / "stack_up.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as fh:
-        fh.write(json.dumps(result) + "\n")
-    print(json.dumps(summary, indent=2))
+    benchlog.append("stack_up", image=image, image_ready_s=round(image_s, 1),
+                    engine_started_s=round(engine_s, 1) if started_engine else None, runs=rows, summary=summary)
 
 
 if __name__ == "__main__":
