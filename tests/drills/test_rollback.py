@@ -240,3 +240,27 @@ def test_refuses_a_run_whose_kvdrill_is_alive_unless_forced(tmp_path):
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_a_container_pods_namespace_name_is_removed_and_the_namespace_left_to_its_owner(tmp_path):
+    """sandbox-docker-mooncake lists its pod's namespace as kvd-<id> (ip netns attach); a rollback removes
+    that name, as for a namespace kvdrill created, and never touches the processes still inside it."""
+    from drills.stack.netns import NETNS_DIR
+
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "60"], start_new_session=True)
+    name = f"kvd-{os.urandom(4).hex()}"
+    try:
+        time.sleep(0.2)
+        subprocess.run(["ip", "netns", "attach", name, str(holder.pid)], check=True)
+        journal = Journal(tmp_path)
+        journal.append("netns.planned", name=name, subnet="172.31.0.2/32", container="kvdx_pod_1", pid=holder.pid)
+        journal.close()
+        report = rb.RollbackReport(run_dir=tmp_path)
+        rb._delete_namespaces(read_history(journal.path), report)
+        [item] = report.items
+        assert item.status == "undone" and not (NETNS_DIR / name).exists()
+        assert holder.poll() is None
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
