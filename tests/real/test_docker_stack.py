@@ -314,7 +314,7 @@ def test_compose_project_is_what_docker_compose_sees(small_stack):
     stack, _, _ = small_stack
     out = subprocess.run(["docker-compose", "-p", stack.project, "-f", str(REPO / "compose/sandbox-docker/docker-compose.yml"),
                           "ps", "--services", "--filter", "status=running"],
-                         env={**stack.env, "KVD_IMAGE": stack.image, "DOCKER_HOST": stack.engine.base_url,
+                         env={**stack.env, "KVD_IMAGE": stack.image, "DOCKER_HOST": stack.compose_project.docker_host,
                               "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
