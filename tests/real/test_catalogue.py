@@ -31,7 +31,8 @@ pytestmark = pytest.mark.real
 # leaks and slo fail in both), so the Docker tests fit CI's 90 minutes.
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
 FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
-FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "lmcache-1938-", "net-down.yaml")
+FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "lmcache-1938-", "net-down.yaml",
+             "net-mooncake-data-bandwidth.yaml")  # the last: on containers in test_docker_stack.py, same KernelNet
 EXCLUDED = ("flagship", "gameday", "experiments")  # gameday/ waits for an operator: tests/real/test_gameday.py answers it
 
 
