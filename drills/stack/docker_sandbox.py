@@ -31,6 +31,7 @@ from drills.journal import Journal
 from drills.pins import REPO_ROOT, stack_venv
 from drills.scenario import StackSpec
 from drills.stack.compose_project import ComposeProject, ComposeStack, volume_dir
+from drills.stack.diskfs import RunFilesystem
 from drills.stack.process import ServiceSpec
 from drills.stack.sandbox import (
     SERVED_MODEL,
@@ -82,7 +83,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
             self.l2_dir.mkdir(parents=True, exist_ok=True)
             if self.l2_fs is None:
                 self._mount_l2(lm.l2_fs)
-            if hasattr(self.l2_fs, "readonly_by"):  # the container binds this filesystem itself (no FUSE between)
+            if isinstance(self.l2_fs, RunFilesystem):  # the container binds it itself (no fault filesystem between)
                 self.l2_fs.readonly_by = "remount"
         adapter: dict[str, Any] = {"type": "fs", "base_path": L2_IN_CONTAINER}
         if lm.l2_serde == "aesgcm":
