@@ -206,7 +206,7 @@ class RunFilesystem:
     # "bind": read-only is a bind over the target on the host. "remount": the whole filesystem is remounted
     # read-only, for a filesystem a container holds its own bind of (a host bind never reaches that mount
     # namespace; the superblock's flag does, as when a real disk goes read-only)
-    readonly_by: str = "bind"
+    readonly_by: Literal["bind", "remount"] = "bind"
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -485,8 +485,10 @@ class RunFilesystem:
         _run("mount", "-o", f"remount,size={size_bytes}", str(self.mountpoint))
 
     def make_readonly(self, path: Path | str | None = None) -> dict[str, Any]:
-        """Bind ``path`` (default: the mountpoint) over itself read-only, or remount the filesystem read-only
-        (``readonly_by: remount``): new opens for writing get EROFS. File descriptors opened before keep writing."""
+        """Bind ``path`` (default: the mountpoint) over itself read-only: new opens for writing get EROFS, and
+        file descriptors opened before keep writing. With ``readonly_by: remount`` the whole filesystem is
+        remounted read-only instead, which the kernel refuses (DiskFsError, "busy") while any file on it is
+        open for writing: the fault then says it could not land rather than landing halfway."""
         self.check_owned()
         target = Path(path).resolve() if path is not None else self.mountpoint
         if not inside(target, self.mountpoint):

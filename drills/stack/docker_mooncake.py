@@ -108,10 +108,11 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
         if not self.specs:
             self.prepare()
         self.driver = await self.compose_project.create(self.env, {}, running_first=(POD,))
-        await asyncio.to_thread(self._check_pod)
+        pod = await asyncio.to_thread(self._check_pod)
+        await asyncio.to_thread(self._attach_netns, pod)
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
-    def _check_pod(self) -> None:
+    def _check_pod(self):
         """Every service that shares the pod's namespace must really be in it (compose falls back to the
         default network silently when the pod is not running at creation)."""
         pod = self.driver.container(POD)
@@ -125,7 +126,7 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
                              f"namespace: {wrong or 'none'}")
         self.journal.append("docker.pod_started", container=pod.name, pid=pod.attrs["State"]["Pid"],
                             ports=self.host_ports, members=sorted(n for n in joined if n in IN_POD))
-        self._attach_netns(pod)
+        return pod
 
     def _attach_netns(self, pod) -> None:
         """List the pod's namespace as ``kvd-<id>`` (journaled first, so a rollback finds the name)."""

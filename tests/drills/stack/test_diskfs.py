@@ -147,6 +147,12 @@ def test_readonly_by_remount_reaches_another_mount_of_the_filesystem(run_root):
     try:
         with pytest.raises(DiskFsError, match="only its whole filesystem"):
             fs.make_readonly(_subdir(fs))
+        writer = os.open(fs.mountpoint / "in-flight.tmp", os.O_WRONLY | os.O_CREAT)
+        try:  # the kernel refuses a read-only remount under an open writer: the fault says so, nothing lands
+            with pytest.raises(DiskFsError, match="busy"):
+                fs.make_readonly()
+        finally:
+            os.close(writer)
         assert fs.make_readonly() == {"target": str(fs.mountpoint), "already": False, "by": "remount"}
         assert fs.make_readonly()["already"]
         assert write_until_error(other / "new.tmp", limit=MiB) == (0, "EROFS")
