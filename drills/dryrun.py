@@ -199,7 +199,14 @@ def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         fp.problems.append("store faults need the Mooncake store: stack.ref: sandbox-mooncake or "
                            "sandbox-docker-mooncake")
         return
-    _process(fp, p, sc, view)
+    if p.service == "fullest-contributor":
+        p = p.model_copy(update={"service": mooncake.CONTRIBUTORS[0]})
+        _process(fp, p, sc, view)
+        if fp.targets:
+            fp.targets[0]["service"] = (f"{' or '.join(mooncake.CONTRIBUTORS)}: whichever segment holds the most "
+                                        "bytes when the fault is planned")
+    else:
+        _process(fp, p, sc, view)
     if fp.targets:
         fp.targets[0]["master_metrics_url"] = (
             f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics" if view.netns

@@ -6,6 +6,11 @@ keys, capacity) right after the fault, and a watcher journals when the master no
 frozen contributor keeps its keys "existing" until ``client_ttl`` expires (shared/facts/mooncake.md §3a),
 which is exactly the window in which engines read from a dead segment. A killed master is proven by
 its metrics endpoint going silent.
+
+Mooncake puts each object on one contributor of its choosing, and has been seen putting every warm-up
+chunk on one of the two: a drill that names ``store-a`` then kills a contributor that holds nothing and
+proves nothing. ``service: fullest-contributor`` picks, when the fault is planned, the contributor whose
+segment holds the most bytes in the master's own view, and journals the view it chose from.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from injectors.base import HealReport, InjectionError, Proof
 from injectors.process import ProcessFault, ProcessParams
 
 MASTER = "mooncake-master"
+FULLEST = "fullest-contributor"
 MASTER_VIEW = ("master_active_clients", "master_key_count", "master_total_capacity_bytes", "master_allocated_bytes")
 
 
 class StoreParams(ProcessParams):
-    service: Literal["store-a", "store-b", "mooncake-master"] = Field(
-        description="a Mooncake contributor (store-a, store-b) or the master (mooncake-master)")
+    service: Literal["store-a", "store-b", "mooncake-master", "fullest-contributor"] = Field(
+        description="a Mooncake contributor (store-a, store-b), the master (mooncake-master), or "
+                    "fullest-contributor: whichever contributor's segment holds the most bytes when the fault "
+                    "is planned (Mooncake chooses where objects go; a named one may hold none)")
     action: Literal["term", "kill", "stop", "restart"] = Field(
         description="term/kill: down until heal (which starts it again, with an empty segment); "
                     "stop: freeze (a frozen contributor hangs readers); restart: stop and start again")
@@ -55,10 +63,26 @@ class StoreFault(ProcessFault):
         if not hasattr(self.ctx.stack, "master_metrics"):
             raise InjectionError("store: this stack has no Mooncake store; use stack.ref: sandbox-mooncake or "
                                  "sandbox-docker-mooncake")
+        chosen = await self._choose_fullest() if self.p.service == FULLEST else None
         targets = await super().plan()
         self.before = await self._master_view()
         targets[0]["master_before"] = self.before
+        if chosen is not None:
+            targets[0]["chosen_as"] = chosen
         return targets
+
+    async def _choose_fullest(self) -> dict[str, Any]:
+        """Resolve ``fullest-contributor`` to a service (ties go to the first by name, so a seeded replay
+        of the same placement picks the same one); refuse when no contributor holds anything."""
+        segments = await self.ctx.stack.contributor_segments()
+        if not segments:
+            raise InjectionError("store: fullest-contributor: the master lists no segment of a running contributor")
+        name = max(sorted(segments), key=lambda n: segments[n]["used_bytes"])
+        if segments[name]["used_bytes"] <= 0:
+            raise InjectionError(f"store: fullest-contributor: no contributor holds any object (segments: {segments}); "
+                                 "the warm-up stored nothing in Mooncake")
+        self.p = self.p.model_copy(update={"service": name})
+        return {"rule": FULLEST, "service": name, "segments": segments}
 
     async def inject(self) -> None:
         await super().inject()

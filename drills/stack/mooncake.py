@@ -26,6 +26,7 @@ from drills.journal import Journal
 from drills.observe import logs, prom
 from drills.pins import REPO_ROOT, stack_python, stack_venv
 from drills.stack.base import ProcessStack
+from drills.stack.kernelnet import KernelNet
 from drills.stack.netns import NetNamespace
 from drills.stack.process import StackError
 from drills.stack.sandbox import SERVED_MODEL, free_port, render_services, write_toxiproxy_config
@@ -39,6 +40,7 @@ NETNS_PORTS = {"master_rpc": 50051, "master_metrics": 9003, "master_http_metadat
                "toxiproxy": 8474, "master_rpc_proxy": 50061,
                "store_a_rpc": 50052, "store_a_http": 9300, "store_b_rpc": 50053, "store_b_http": 9301,
                "engine": 8000}
+CONTRIBUTORS = ("store-a", "store-b")
 HTTP_PORT_OF = {"engine": "engine", "mooncake-master": "master_metrics", "store-a": "store_a_http",
                 "store-b": "store_b_http", "toxiproxy": "toxiproxy"}
 
@@ -91,6 +93,8 @@ NOTHING_STORED_AFTER_S = 15.0  # a working stack logs its first Stored line with
 
 class MooncakeStack(ProcessStack):
     ref = "sandbox-mooncake"
+    starts = "Mooncake master and contributors, vLLM engine with in-process LMCache, and baseline vLLM"
+    warms = "the Mooncake store through in-process LMCache"
 
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)
@@ -318,3 +322,33 @@ class MooncakeStack(ProcessStack):
         r = await self.http.get(f"{self.url('mooncake-master')}/get_segments_detail", timeout=10)
         r.raise_for_status()
         return r.json()
+
+    async def contributor_segments(self) -> dict[str, dict[str, Any]]:
+        """Each running contributor's segment as the master reports it, named by service: the master knows
+        segments by address only, so each is matched to the contributor whose processes listen on its
+        ports in the stack's namespace."""
+        if self.netns is None:
+            raise StackError("the Mooncake stack is not up: no namespace to find its contributors in")
+        owners = {name: self.driver.services[name].group() for name in CONTRIBUTORS if name in self.driver.services}
+        return segments_by_service(await self.segments(), KernelNet(self.netns).listeners(), owners)
+
+
+def segments_by_service(doc: dict[str, Any], listeners: list[dict[str, Any]],
+                        owners: dict[str, set[int]]) -> dict[str, dict[str, Any]]:
+    """The master's ``/get_segments_detail`` keyed by the service that serves each segment: a segment's
+    ``segment_name`` and ``te_endpoint`` (``host:port``) are ports its contributor listens on (``ss``
+    listeners with their pids). A segment no running contributor listens for (one whose contributor died
+    and the master has not expired yet) is left out."""
+    port_owner = {entry["port"]: name for entry in listeners for name, pids in owners.items()
+                  if any(p["pid"] in pids for p in entry["processes"])}
+    out: dict[str, dict[str, Any]] = {}
+    for seg in doc.get("segments") or []:
+        ports = {int(port) for _, _, port in (str(seg.get(k, "")).rpartition(":") for k in ("segment_name", "te_endpoint"))
+                 if port.isdigit()}
+        names = {port_owner[port] for port in ports if port in port_owner}
+        if len(names) == 1:
+            out[names.pop()] = {"segment_name": seg.get("segment_name"), "te_endpoint": seg.get("te_endpoint"),
+                                "used_bytes": int(seg.get("allocator_used_bytes") or 0),
+                                "capacity_bytes": int(seg.get("allocator_capacity_bytes") or 0),
+                                "status": seg.get("status")}
+    return out

@@ -23,6 +23,7 @@ class TinyMooncake(TinyStack):
     def __init__(self, driver, http) -> None:
         super().__init__(driver, http)
         self.died_at: float | None = None
+        self.used = {"store-a": 0, "store-b": 0}  # bytes in each contributor's segment, as the master says
 
     async def master_metrics(self) -> dict[str, float]:
         svc = self.driver.services.get("store-a")
@@ -33,6 +34,9 @@ class TinyMooncake(TinyStack):
         expired = self.died_at is not None and loop.time() - self.died_at > 0.3
         return {"master_active_clients": 1.0 if expired else 2.0, "master_key_count": 3.0 if expired else 6.0,
                 "master_total_capacity_bytes": 2**28, "master_allocated_bytes": 2**25}
+
+    async def contributor_segments(self) -> dict[str, dict]:
+        return {name: {"used_bytes": used} for name, used in self.used.items()}
 
 
 @pytest.fixture
@@ -77,3 +81,31 @@ async def test_only_mooncake_services_and_only_on_a_mooncake_stack(tmp_path):
         plain = TinyStack(ProcessDriver(tmp_path / "run" / "logs", journal), http)
         with pytest.raises(InjectionError, match="sandbox-mooncake"):
             await fault(plain, journal, tmp_path, service="store-a", action="kill").plan()
+
+
+async def test_fullest_contributor_is_the_one_holding_the_most_bytes(mooncake, tmp_path):
+    """Mooncake chooses where objects go: the target is resolved at plan time from the segments, the
+    choice and the view it came from are in the target, and every later step acts on that service."""
+    st, journal = mooncake
+    st.used = {"store-a": 0, "store-b": 0}
+    with pytest.raises(InjectionError, match="no contributor holds any object"):
+        await fault(st, journal, tmp_path, service="fullest-contributor", action="kill").plan()
+    st.used = {"store-a": 4096, "store-b": 1024}
+    inj = fault(st, journal, tmp_path, service="fullest-contributor", action="kill", watch_for=0)
+    target = (await inj.plan())[0]
+    assert target["service"] == "store-a" and inj.p.service == "store-a"
+    assert target["chosen_as"] == {"rule": "fullest-contributor", "service": "store-a",
+                                   "segments": {"store-a": {"used_bytes": 4096}, "store-b": {"used_bytes": 1024}}}
+    await inj.inject()
+    assert (await inj.verify()).effective and not st.driver.services["store-a"].alive
+    assert (await inj.heal()).undone and st.driver.services["store-a"].alive
+    st.used = {"store-a": 1024, "store-b": 4096}  # store-b holds more, but is not running in this stack
+    with pytest.raises(InjectionError, match="no running service 'store-b'"):
+        await fault(st, journal, tmp_path, service="fullest-contributor", action="kill").plan()
+
+
+async def test_a_tie_goes_to_the_first_contributor_by_name(mooncake, tmp_path):
+    st, journal = mooncake
+    st.used = {"store-b": 2048, "store-a": 2048}
+    target = (await fault(st, journal, tmp_path, service="fullest-contributor", action="stop").plan())[0]
+    assert target["chosen_as"]["service"] == "store-a"

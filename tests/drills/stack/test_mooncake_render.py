@@ -146,3 +146,26 @@ def test_a_slow_warm_up_without_the_connector_s_words_is_waited_for_not_judged(t
     # no key, no Stored line, but LMCache never said it runs degraded: keep waiting, then a stack error
     with pytest.raises(StackError, match="warm-up incomplete"):
         _warm(tmp_path, monkeypatch, "INFO: started\n", deadline_s=1.0)
+
+
+def test_segments_are_named_by_the_contributor_listening_on_their_ports():
+    """The master knows a segment by address only; the service is the contributor whose processes hold a
+    listener on one of its ports. A segment nobody listens for (a dead contributor the master has not
+    expired yet) is left out rather than guessed."""
+    doc = {"total_segments": 3, "segments": [
+        {"segment_name": "127.0.0.1:13412", "te_endpoint": "127.0.0.1:16672", "allocator_used_bytes": 35389524,
+         "allocator_capacity_bytes": 268435456, "status": "OK"},
+        {"segment_name": "127.0.0.1:13028", "te_endpoint": "127.0.0.1:16823", "allocator_used_bytes": 0,
+         "allocator_capacity_bytes": 268435456, "status": "OK"},
+        {"segment_name": "127.0.0.1:13999", "te_endpoint": "127.0.0.1:16999", "allocator_used_bytes": 7,
+         "allocator_capacity_bytes": 268435456, "status": "OK"}]}
+    listeners = [{"addr": "0.0.0.0", "port": 16672, "processes": [{"name": "mooncake_client", "pid": 11, "fd": 3}]},
+                 {"addr": "*", "port": 13028, "processes": [{"name": "mooncake_client", "pid": 22, "fd": 3}]},
+                 {"addr": "127.0.0.1", "port": 50051, "processes": [{"name": "mooncake_master", "pid": 9, "fd": 3}]}]
+    found = mooncake.segments_by_service(doc, listeners, {"store-a": {10, 11}, "store-b": {22}})
+    assert found == {
+        "store-a": {"segment_name": "127.0.0.1:13412", "te_endpoint": "127.0.0.1:16672", "used_bytes": 35389524,
+                    "capacity_bytes": 268435456, "status": "OK"},
+        "store-b": {"segment_name": "127.0.0.1:13028", "te_endpoint": "127.0.0.1:16823", "used_bytes": 0,
+                    "capacity_bytes": 268435456, "status": "OK"}}
+    assert mooncake.segments_by_service({"segments": []}, listeners, {"store-a": {11}}) == {}
