@@ -230,7 +230,7 @@ class Runner:
             with self._phase("up", f"reusing the running stack of {self.reused_from[-1]}"):
                 pass
         else:
-            with self._phase("up", "starting LMCache server, vLLM engine and baseline vLLM"):
+            with self._phase("up", f"starting {self.stack.starts}"):
                 await self.stack.up()
             image = getattr(self.stack, "image", None)  # a container stack: the image every service ran
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"),
@@ -255,7 +255,7 @@ class Runner:
             if failed:
                 raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
 
-        with self._phase("warm", "cold write: populating LMCache L1 and the fs L2"):
+        with self._phase("warm", f"cold write: populating {self.stack.warms}"):
             mark = await self.stack.store_mark()
             await self._traffic(engine, waves=1)
             await self._wait_for_stores(mark)

@@ -30,6 +30,9 @@ class ProcessStack:
     # before prepare(), so the same scenario and seed draw the same connections
     toxiproxy_seed: int = 0
     cache_log: str = ""  # the service log that carries the cache's own Stored/Retrieved lines
+    # what the "up" and "warm" phases say they do on this topology (the progress line and the journal)
+    starts: str = "vLLM engine and baseline vLLM"
+    warms: str = "the cache"
 
     def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         self.run_dir = run_dir.resolve()

@@ -122,6 +122,8 @@ class ChunkFile:
 class SandboxStack(ProcessStack):
     ref = "sandbox"
     cache_log = "lmcache.log"
+    starts = "LMCache server, vLLM engine and baseline vLLM"
+    warms = "LMCache L1 and its L2 directory"
 
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)
