@@ -438,20 +438,23 @@ class Runner:
                                     log_tail=log_tail(svc.log_path, 20).splitlines())
 
     async def _drain(self) -> bool:
-        """Wait until the sampled counts are back to their pre-chaos values, or the drain deadline."""
+        """Wait until the sampled counts are back to their pre-chaos values, or the drain deadline. When the
+        leaks check reads no LMCache count (``lmcache_status: false``), one sample is taken and nothing is
+        waited for: the counts then only decide whether a suite may hand this stack to the next drill."""
         opts, lm = self.scenario.checks.leaks, self.scenario.stack.lmcache
         deadline_s = opts.drain_deadline or max(lm.l1_read_ttl, lm.worker_reap_timeout) + 15.0
+        waits = opts.enabled and opts.lmcache_status
         baseline = next(e for e in self.journal_events("observe.status") if e.data.get("point") == "baseline")
         started = time.monotonic()
         while True:
             sample = await self._status_sample()
             self.journal.append("observe.status", point="drain", **sample)
             above = above_baseline(baseline.data.get("lmcache") or {}, sample.get("lmcache") or {})
-            if (not above and sample.get("lmcache")) or time.monotonic() - started > deadline_s:
+            if (not above and sample.get("lmcache")) or not waits or time.monotonic() - started > deadline_s:
                 break
             await asyncio.sleep(1.0)
         self.journal.append("drain.result", returned=not above, still_above=above, deadline_s=deadline_s,
-                            waited_s=round(time.monotonic() - started, 1))
+                            waited_s=round(time.monotonic() - started, 1), waited_for_counts=waits)
         return not above
 
     def _vllm_proven(self) -> bool:
