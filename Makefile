@@ -27,7 +27,7 @@ demo: setup
 	@echo "== kvdrill demo: the flagship drill and its twin =="
 	@cat reports/demo/flagship.last reports/demo/twin.last
 
-# two workers on two cores: the unit suite is CPU-bound (fuzzing, tiny real processes), 4.5 -> 2.2 min here
+# two workers on two cores: the unit suite is CPU-bound (fuzzing, tiny real processes), 4.5 -> 2.4 min here
 test-unit: $(VENV)/.installed
 	$(BIN)/ruff check drills injectors tests bench
 	$(BIN)/pytest -q -m "not real" -n 2
