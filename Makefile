@@ -27,10 +27,13 @@ demo: setup
 	@echo "== kvdrill demo: the flagship drill and its twin =="
 	@cat reports/demo/flagship.last reports/demo/twin.last
 
-# two workers on two cores: the unit suite is CPU-bound (fuzzing, tiny real processes), 4.5 -> 2.4 min here
+# two workers on two cores: the unit suite is CPU-bound (fuzzing, tiny real processes), 4.5 -> 2.4 min here.
+# The proxy's conformance tests then run alone: they measure toxics to the millisecond (a 50 ms latency's
+# median within 2 ms), and the other worker's load shifted that median by 2.2 ms in CI.
 test-unit: $(VENV)/.installed
 	$(BIN)/ruff check drills injectors tests bench
-	$(BIN)/pytest -q -m "not real" -n 2
+	$(BIN)/pytest -q -m "not real" -n 2 --ignore=tests/conformance
+	$(BIN)/pytest -q -m "not real" tests/conformance
 
 # one at a time: two drills on 2 cores start four vLLMs at once, and a restart then misses its
 # 240 s deadline (measured); --durations shows where the time goes
