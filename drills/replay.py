@@ -7,6 +7,11 @@ run journaled, and every trigger replaced by what was recorded when it fired. ``
 replays the request count seen at firing; ``at`` and ``store_in_flight`` replay the moment (seconds
 after chaos traffic started), because a condition on the live stack need not hold at the same moment
 again, and the replay is meant to repeat the timeline, not the search for it.
+
+A target chosen by a rule when the fault is planned (the store injector's ``fullest-contributor``) is
+resolved again by the replay on its own stack, not pinned to the stored choice: the rule names the
+contributor that holds the data, and Mooncake need not place it the same way twice, so the stored name
+may hold nothing in the replay. Both choices are put side by side, and a different one is a difference.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class FaultTiming:
     recorded: dict[str, Any] | None  # the stored fault.fired trigger data (None: it never fired)
     replayed: dict[str, Any] | None  # the trigger the replay runs with
     note: str = ""
+    chosen: str | None = None  # the target a plan-time rule resolved to in the stored run
 
 
 @dataclass
@@ -70,6 +76,12 @@ def recorded_trigger(fired: dict[str, Any], fired_ts: float, history: History) -
     return {"at": at}, f"{kind} held {at}s after chaos traffic started: replayed at that moment"
 
 
+def chosen_targets(history: History) -> dict[str, str]:
+    """fault_id -> the service a plan-time rule resolved to (``chosen_as`` in the planned target)."""
+    return {e.data["fault_id"]: t["chosen_as"]["service"] for e in history.of_type("fault.planned")
+            for t in e.data.get("targets") or [] if isinstance(t, dict) and t.get("chosen_as")}
+
+
 def plan_replay(run_dir: Path) -> ReplayPlan:
     run_dir = run_dir.resolve()
     copy = run_dir / "scenario.yaml"
@@ -83,13 +95,15 @@ def plan_replay(run_dir: Path) -> ReplayPlan:
     data["seed"] = plan.seed
     faults = (data.get("chaos") or {}).get("faults") or []
     fired = {e.data["fault_id"]: e for e in history.of_type("fault.fired")}
+    chosen = chosen_targets(history)
     for i, fault in enumerate(faults):
         fault_id = f"f{i}-{fault['injector']}"
         original = dict(fault["trigger"]) if fault.get("trigger") is not None else None
         event = fired.get(fault_id)
         if event is None:
             plan.timings.append(FaultTiming(fault_id, i, original, None, original,
-                                            "never fired in the stored run: its scenario trigger is kept"))
+                                            "never fired in the stored run: its scenario trigger is kept",
+                                            chosen.get(fault_id)))
             continue
         trigger, note = recorded_trigger(event.data.get("trigger") or {}, event.ts, history)
         if trigger is None:
@@ -97,7 +111,8 @@ def plan_replay(run_dir: Path) -> ReplayPlan:
         else:
             fault["trigger"] = trigger
         plan.timings.append(FaultTiming(fault_id, i, original, event.data.get("trigger"),
-                                        dict(fault["trigger"]) if fault.get("trigger") is not None else None, note))
+                                        dict(fault["trigger"]) if fault.get("trigger") is not None else None, note,
+                                        chosen.get(fault_id)))
     # `kvdrill run --stack` ran the file on another stack than its own: the copy says the file's, the
     # journal's scenario model says where the run really was
     ran_on = ((started.data.get("scenario_model") or {}).get("stack") or {}).get("ref")
@@ -119,8 +134,11 @@ def check_names(doc: dict[str, Any]) -> dict[str, str]:
     return {c["name"]: c["verdict"] for c in doc.get("checks", [])}
 
 
-def compare(stored: dict[str, Any], replayed: dict[str, Any], plan: ReplayPlan) -> dict[str, Any]:
+def compare(stored: dict[str, Any], replayed: dict[str, Any], plan: ReplayPlan,
+            replay_chosen: dict[str, str] | None = None) -> dict[str, Any]:
+    """``replay_chosen``: the replay's own plan-time choices (``chosen_targets`` of its journal)."""
     a, b = check_names(stored), check_names(replayed)
+    replay_chosen = replay_chosen or {}
     differences = []
     if stored["verdict"] != replayed["verdict"]:
         differences.append(f"verdict: stored {stored['verdict']}, replay {replayed['verdict']}")
@@ -130,6 +148,10 @@ def compare(stored: dict[str, Any], replayed: dict[str, Any], plan: ReplayPlan) 
     held = [(d.get("expectation") or {}).get("held") for d in (stored, replayed)]
     if held[0] != held[1]:
         differences.append(f"expectation held: stored {held[0]}, replay {held[1]}")
+    for t in plan.timings:
+        if t.chosen is not None and replay_chosen.get(t.fault_id) != t.chosen:
+            differences.append(f"fault {t.fault_id} target: stored {t.chosen}, replay "
+                               f"{replay_chosen.get(t.fault_id, 'none')} (resolved on each run's own placement)")
     return {
         "stored_run": stored["run_id"],
         "replay_run": replayed["run_id"],
@@ -141,6 +163,7 @@ def compare(stored: dict[str, Any], replayed: dict[str, Any], plan: ReplayPlan) 
                    "expectation_held": held[1], "hit_rate_tokens": replayed["metrics"].get("hit_rate_tokens")},
         "faults": [{"fault_id": t.fault_id, "scenario_trigger": t.original, "recorded": t.recorded,
                     "replayed_with": t.replayed, "note": t.note,
+                    **({"chosen": {"stored": t.chosen, "replay": replay_chosen.get(t.fault_id)}} if t.chosen else {}),
                     "replay_fired": next((f.get("trigger") for f in replayed.get("faults", [])
                                           if f["fault_id"] == t.fault_id), None)} for t in plan.timings],
         "notes": plan.notes,
@@ -162,6 +185,9 @@ def render(cmp: dict[str, Any]) -> str:
     for f in cmp["faults"]:
         out.append(f"- `{f['fault_id']}`: {f['note']}; replayed with {f['replayed_with'] or 'no trigger'}, "
                    f"fired {f['replay_fired']}")
+        if "chosen" in f:
+            out.append(f"  - target resolved when planned: stored `{f['chosen']['stored']}`, "
+                       f"replay `{f['chosen']['replay']}`")
     out += [f"- {n}" for n in cmp["notes"]]
     out += ["", "## Differences", ""] + ([f"- {d}" for d in cmp["differences"]] or ["- none"])
     return "\n".join(out) + "\n"
@@ -192,7 +218,7 @@ def replay(run_dir: Path, reports_dir: Path | None, console) -> int:
         print(f"ABORTED: interrupted; faults healed, stack stopped. report: {runner.run_dir / 'report.md'}")
         return 3
     replayed = json.loads((runner.run_dir / "verdict.json").read_text())
-    cmp = compare(stored, replayed, plan)
+    cmp = compare(stored, replayed, plan, chosen_targets(read_history(runner.run_dir)))
     (runner.run_dir / "replay.json").write_text(json.dumps(cmp, indent=2) + "\n")
     text = render(cmp)
     (runner.run_dir / "replay.md").write_text(text)

@@ -90,3 +90,30 @@ def test_compare_reports_verdict_and_per_check_differences():
     text = render(cmp)
     assert text.startswith(f"# Replay of `{stored['run_id']}`: DIFFERENT verdict")
     assert "| leaks | FAIL | PASS |" in text
+
+
+def _with_chosen_target(run: Path, service: str) -> None:
+    """The stored run's fault as if a plan-time rule (fullest-contributor) had resolved its target."""
+    lines = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
+    for event in lines:
+        if event["type"] == "fault.planned":
+            event["data"]["targets"][0]["chosen_as"] = {"rule": "fullest-contributor", "service": service}
+    (run / "journal.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def test_a_target_chosen_when_planned_is_resolved_again_and_set_beside_the_stored_choice(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(TERM, run)
+    _with_chosen_target(run, "store-b")
+    plan = plan_replay(run)
+    assert plan.timings[0].chosen == "store-b"
+    assert "store-b" not in plan.text  # the rule stays in the replay's scenario, not the stored name
+    stored = json.loads((run / "verdict.json").read_text())
+    same = compare(stored, {**stored, "run_id": "replay-1"}, plan, {"f0-process": "store-b"})
+    assert same["differences"] == [] and same["faults"][0]["chosen"] == {"stored": "store-b", "replay": "store-b"}
+    moved = compare(stored, {**stored, "run_id": "replay-2"}, plan, {"f0-process": "store-a"})
+    assert moved["same_verdict"]
+    assert moved["differences"] == ["fault f0-process target: stored store-b, replay store-a "
+                                    "(resolved on each run's own placement)"]
+    assert "target resolved when planned: stored `store-b`, replay `store-a`" in render(moved)
+    assert "chosen" not in compare(stored, stored, plan_replay(TERM))["faults"][0]  # no rule, nothing to show
