@@ -27,6 +27,7 @@ from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario
 from drills.stack import docker_mooncake, docker_sandbox, mooncake, sandbox
+from injectors.store import FULLEST
 
 RUN_ID = "<run-id>"  # chosen at run time (timestamp + random suffix: a name, never a choice the drill acts on)
 NETNS_HOST = "kvd-netns"  # stands for the address of the namespace the run creates (chosen at up)
@@ -199,14 +200,12 @@ def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         fp.problems.append("store faults need the Mooncake store: stack.ref: sandbox-mooncake or "
                            "sandbox-docker-mooncake")
         return
-    if p.service == "fullest-contributor":
-        p = p.model_copy(update={"service": mooncake.CONTRIBUTORS[0]})
-        _process(fp, p, sc, view)
-        if fp.targets:
-            fp.targets[0]["service"] = (f"{' or '.join(mooncake.CONTRIBUTORS)}: whichever segment holds the most "
-                                        "bytes when the fault is planned")
-    else:
-        _process(fp, p, sc, view)
+    # the rule resolves only on the live stack: plan as for the first contributor, then say which it may be
+    rule = p.service == FULLEST
+    _process(fp, p.model_copy(update={"service": mooncake.CONTRIBUTORS[0]}) if rule else p, sc, view)
+    if fp.targets and rule:
+        fp.targets[0]["service"] = (f"{' or '.join(mooncake.CONTRIBUTORS)}: whichever segment holds the most "
+                                    "bytes when the fault is planned")
     if fp.targets:
         fp.targets[0]["master_metrics_url"] = (
             f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics" if view.netns

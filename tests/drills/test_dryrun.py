@@ -180,3 +180,10 @@ def test_plan_is_a_function_of_scenario_and_seed(a, b):
 
     assert plan(a) == plan(a)
     assert (plan(a) == plan(b)) == (a == b)
+
+
+def test_a_rule_chosen_target_is_shown_as_the_rule_not_as_one_contributor():
+    code, text = dry("--json", str(REPO / "scenarios" / "incidents" / "lmcache-1814-contributor-kill.yaml"))
+    [target] = json.loads(text)["faults"][0]["targets"]
+    assert code == 0 and target["service"].startswith("store-a or store-b: whichever segment holds the most bytes")
+    assert target["master_metrics_url"].endswith("/metrics")
