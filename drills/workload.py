@@ -70,6 +70,12 @@ class PromptSet:
                          seed=self.seed)
 
 
+# vLLM's finish_reason for a request it gave up on (engine shutdown, a client abort): the stream ends
+# with HTTP 200 and whatever tokens came before, often none. The client is told, so it is unavailability,
+# not an answer: counting its empty text as a wrong answer made a SIGTERM drill FAIL on a timing race.
+ABORTED = "abort"
+
+
 @dataclass
 class Response:
     request_id: str
@@ -80,7 +86,7 @@ class Response:
     finish_reason: str | None = None
     latency_s: float = 0.0
     error: str | None = None
-    error_kind: str | None = None  # hung | http_5xx | http_4xx | connect | protocol
+    error_kind: str | None = None  # hung | http_5xx | http_4xx | connect | protocol | aborted
     status_code: int | None = None
     cached_tokens: int | None = None
     ttft_s: float | None = None  # request sent -> first token received
@@ -356,9 +362,13 @@ class _Sender:
             done = await self.client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
             # open loop: time to first token also counts from the scheduled time (the queue is part of it)
             ttft = done.ttft_s if done.ttft_s is None else done.ttft_s + (sent - start)
-            resp = Response(request_id=request_id, prompt_id=prompt.id, ok=True, token_ids=done.token_ids,
+            aborted = done.finish_reason == ABORTED
+            resp = Response(request_id=request_id, prompt_id=prompt.id, ok=not aborted, token_ids=done.token_ids,
                             text=done.text, finish_reason=done.finish_reason, latency_s=time.perf_counter() - start,
                             cached_tokens=done.cached_tokens, ttft_s=ttft, itl_s=done.itl_s)
+            if aborted:
+                resp.error_kind = "aborted"
+                resp.error = f"the engine aborted the request after {len(done.token_ids)} tokens (finish_reason abort)"
         except (httpx.HTTPError, TimeoutError, StreamError, KeyError, IndexError, ValueError) as exc:
             detail = ""
             if isinstance(exc, httpx.HTTPStatusError):

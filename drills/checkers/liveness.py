@@ -16,7 +16,8 @@ from drills.scenario import LivenessCheck
 
 EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): .+")
 KIND_TEXT = {"hung": "hung past its deadline", "http_5xx": "HTTP 5xx", "http_4xx": "HTTP 4xx",
-             "connect": "connection refused or reset", "protocol": "malformed response"}
+             "connect": "connection refused or reset", "protocol": "malformed response",
+             "aborted": "aborted by the engine (finish_reason abort)"}
 
 
 def check(view: RunView, opts: LivenessCheck) -> CheckResult:

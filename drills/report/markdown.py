@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drills.checkers.liveness import KIND_TEXT
 from drills.gameday.steps import markdown_section as human_section
 from drills.journal import History
 from drills.report.first_repeat_md import first_repeat_section
@@ -250,7 +251,7 @@ def _evidence_line(ev: dict[str, Any]) -> str:
         return f"`{ev['request_id']}` ({ev['ref']})"
     if ev.get("kind") == "log":
         return f"`{ev['ref']}`: {ev['text']}"
-    if ev.get("kind") in ("hung", "http_5xx", "http_4xx", "connect", "protocol"):
+    if ev.get("kind") in KIND_TEXT:
         tail = (ev.get("log_tail") or [""])[-1]
         return (f"`{ev['request_id']}` ({ev['ref']}, {ev['phase']}): {ev['kind']}"
                 f"{' ' + str(ev['status_code']) if ev.get('status_code') else ''} after {ev.get('latency_s')}s; "

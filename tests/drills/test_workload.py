@@ -1,5 +1,6 @@
 """The streamed completion client against an in-process OpenAI-style SSE endpoint: tokens, timings,
-usage, and the three ways a stream goes wrong (an error inside the stream, a deadline, an HTTP error)."""
+usage, and the four ways a stream goes wrong (an error inside the stream, a deadline, an HTTP error, and
+the engine aborting the request inside a 200 stream)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,20 @@ async def test_an_http_error_keeps_its_status(tmp_path):
     async with engine([], status=503) as http:
         [resp] = await send_wave(EngineClient("http://engine", "m", http), prompts, spec, journal, target="engine", wave=1)
     assert (resp.ok, resp.error_kind, resp.status_code) == (False, "http_5xx", 503)
+
+
+async def test_a_stream_the_engine_aborted_is_unavailability_not_an_empty_answer(tmp_path):
+    # what vLLM sends a request in flight when SIGTERM lands with --shutdown-timeout 0: a 200 stream
+    # that ends with finish_reason "abort" and no tokens
+    journal = Journal(tmp_path)
+    journal.phase = "chaos"
+    spec = WorkloadSpec(prompts=1, concurrency=1, max_tokens=3)
+    prompts = PromptSet(prompts=[Prompt(id=0, token_ids=[1, 2])], shared_prefix_tokens=0, seed=1)
+    chunks = sse({"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}]},
+                 {"choices": [], "usage": {"prompt_tokens": 2}})
+    async with engine(chunks) as http:
+        [resp] = await send_wave(EngineClient("http://engine", "m", http), prompts, spec, journal, target="engine", wave=1)
+    assert (resp.ok, resp.error_kind, resp.finish_reason) == (False, "aborted", "abort")
+    assert "aborted the request after 0 tokens" in resp.error
+    [event] = read_history(tmp_path).of_type("response")
+    assert event.data["ok"] is False and event.data["error_kind"] == "aborted" and event.data["text"] == ""

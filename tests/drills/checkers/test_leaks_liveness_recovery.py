@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drills.checkers import leaks, liveness, recovery, run_checks
+from drills.checkers import correctness, degenerate, leaks, liveness, recovery, run_checks
 from drills.checkers.base import RunView
 from drills.journal import Journal, read_history
-from drills.scenario import ChecksSpec, LeaksCheck, LivenessCheck, RecoveryCheck
+from drills.scenario import ChecksSpec, CorrectnessCheck, DegenerateCheck, LeaksCheck, LivenessCheck, RecoveryCheck
 from tests.drills.checkers.journals import ORACLE, metrics
 
 COUNTS = {"l1_read_locked": 0, "active_sessions": 0, "registered_workers": 1}
@@ -23,7 +23,7 @@ def _oracle(j: Journal) -> None:
 def _answer(j: Journal, phase: str, pid: int, wave: int = 1, ok: bool = True, right: bool = True, **extra) -> None:
     tokens = ORACLE[pid][0] if right else [0, 0, 0, 0]
     j.append("response", request_id=f"{phase}-w{wave}-p{pid}-engine", prompt_id=pid, target="engine", wave=wave,
-             ok=ok, token_ids=tokens if ok else [], text="", **extra)
+             ok=ok, token_ids=tokens if ok else [], text=ORACLE[pid][1] if ok and right else "", **extra)
 
 
 def _drain(j: Journal, end: dict, waited: float = 3.0) -> None:
@@ -96,6 +96,36 @@ def test_liveness_separates_failures_a_fault_caused_on_purpose(tmp_path: Path):
     j.close()
     result = liveness.check(RunView(read_history(tmp_path)), LivenessCheck())
     assert result.verdict == "pass" and len(result.details["expected_unavailable"]) == 1
+
+
+def test_a_request_the_engine_aborted_as_sigterm_landed_is_unavailability_not_a_wrong_answer(tmp_path: Path):
+    # vLLM answers a request in flight at SIGTERM with a 200 stream, finish_reason "abort", no tokens;
+    # the workload journals it as not ok, so no checker reads its empty text as the engine's answer
+    j = Journal(tmp_path)
+    _oracle(j)
+    j.phase = "chaos"
+    j.append("fault.injected", fault_id="f0-process", service="engine", service_down=True)
+    _answer(j, "chaos", 0, ok=False, error_kind="aborted", finish_reason="abort",
+            service_state={"alive": True, "log_tail": ["[shutdown] EngineCore: aborting in-flight requests count=1"]})
+    j.phase = "heal"
+    j.append("fault.healed", fault_id="f0-process", undone=["started engine"], already_healed=[])
+    j.phase = "recovery"
+    _answer(j, "recovery", 0)
+    j.close()
+    view = RunView(read_history(tmp_path))
+    assert liveness.check(view, LivenessCheck()).details["expected_unavailable"][0]["kind"] == "aborted"
+    assert correctness.check(view, CorrectnessCheck()).verdict == "pass"
+    assert degenerate.check(view, DegenerateCheck()).verdict == "pass"
+
+
+def test_an_abort_no_fault_explains_fails_liveness(tmp_path: Path):
+    j = Journal(tmp_path)
+    _oracle(j)
+    j.phase = "chaos"
+    _answer(j, "chaos", 0, ok=False, error_kind="aborted", finish_reason="abort")
+    j.close()
+    result = liveness.check(RunView(read_history(tmp_path)), LivenessCheck())
+    assert result.verdict == "fail" and "1 aborted by the engine (finish_reason abort)" in result.summary
 
 
 def test_liveness_fails_on_5xx_hangs_and_deaths(tmp_path: Path):
