@@ -69,6 +69,38 @@ def container_pids(container: docker.models.containers.Container) -> set[int]:
     return {int(row[idx]) for row in top.get("Processes") or []}
 
 
+def exec_trees(container: docker.models.containers.Container, pids: set[int]) -> set[int]:
+    """Those of ``pids`` that belong to a running exec session of the container: the session's process
+    and its descendants (a probe's shell and what it runs)."""
+    roots = set()
+    for exec_id in container.attrs.get("ExecIDs") or []:
+        with contextlib.suppress(docker.errors.APIError):
+            info = container.client.api.exec_inspect(exec_id)
+            if info.get("Running") and info.get("Pid"):
+                roots.add(int(info["Pid"]))
+    if not roots & pids:
+        return set()
+    parent = {pid: _parent(pid) for pid in pids}
+    found = set()
+    for pid in pids:
+        seen, at = set(), pid
+        while at in pids and at not in seen:  # up the tree while inside the container
+            if at in roots:
+                found.add(pid)
+                break
+            seen.add(at)
+            at = parent.get(at)
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rfind(")") + 2:].split()[1])
+
+
 @dataclass
 class RunningContainer:
     """One generation of a service's container (a restart makes the next generation of the same container)."""
@@ -90,14 +122,23 @@ class RunningContainer:
         return self.popen.poll() is None
 
     def group(self) -> set[int]:
-        """The pids a process fault acts on: every process in the container, while this generation runs
-        (after a restart the same container holds the next generation's processes, not these)."""
+        """The pids a process fault acts on: every process in the container but Docker's exec sessions,
+        while this generation runs (after a restart the same container holds the next generation's
+        processes, not these).
+
+        An exec session (a health probe every few seconds, a ``docker exec``) runs in the container's
+        cgroup but is not the service, as a probe is not in a local service's process group: one that
+        Docker starts after a SIGSTOP runs, and counting it made a frozen service read "2/3 stopped"."""
         with contextlib.suppress(docker.errors.APIError):
             self.container.reload()
         state = self.container.attrs.get("State", {})
         if not state.get("Running") or int(state.get("Pid") or 0) != self.pid:
             return set()
-        return container_pids(self.container)
+        pids = container_pids(self.container)
+        # read after top: an exec is registered before its process starts, so any exec top listed is here
+        with contextlib.suppress(docker.errors.APIError):
+            self.container.reload()
+        return pids - exec_trees(self.container, pids)
 
     def signal(self, sig: int) -> None:
         """``docker kill -s SIG`` to the container's main process, then the same signal to every other

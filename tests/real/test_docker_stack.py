@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import docker
@@ -227,21 +229,45 @@ def test_sigstop_freezes_every_process_though_docker_says_running(small_stack):
     fault = ProcessFault(ProcessParams(service="lmcache", action="stop"), _ctx(stack, journal))
     loop.run_until_complete(fault.plan())
     loop.run_until_complete(fault.inject())
-    proof = loop.run_until_complete(fault.verify())
-    container = stack.driver.services["lmcache"].container
-    container.reload()
-    assert proof.effective, proof.summary
-    assert container.status == "running" and container.attrs["State"]["Paused"] is False  # Docker cannot tell
-    with pytest.raises(httpx.HTTPError):
-        loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=2))
-    # a crashed kvdrill's rollback thaws it from the journal record alone
-    [record] = [json.loads(x)["data"]["undo"] for x in (journal.path.read_text().splitlines()) if '"fault.undo"' in x]
-    assert record["container_id"] == container.id
-    report = undo(record)
-    assert report.undone and all(s != "T" for s in _states(stack.driver.services["lmcache"].group()).values())
-    heal = loop.run_until_complete(fault.heal())
+    probe = None
+    try:
+        container = stack.driver.services["lmcache"].container
+        # an exec session started after the freeze, as Docker's health probe every 2 s is: it runs, and it
+        # is not the service (counting it once read "2/3 processes stopped" in CI)
+        container.exec_run(["sleep", "30"], detach=True)
+        probe = _exec_pid(container)
+        assert probe not in stack.driver.services["lmcache"].group()
+        proof = loop.run_until_complete(fault.verify())
+        container.reload()
+        assert proof.effective, proof.summary
+        assert container.status == "running" and container.attrs["State"]["Paused"] is False  # Docker cannot tell
+        with pytest.raises(httpx.HTTPError):
+            loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=2))
+        # a crashed kvdrill's rollback thaws it from the journal record alone
+        [record] = [json.loads(x)["data"]["undo"] for x in journal.path.read_text().splitlines()
+                    if '"fault.undo"' in x]
+        assert record["container_id"] == container.id
+        report = undo(record)
+        assert report.undone and all(s != "T" for s in _states(stack.driver.services["lmcache"].group()).values())
+    finally:  # a frozen LMCache would fail every later test on this stack too
+        heal = loop.run_until_complete(fault.heal())
+        if probe is not None:
+            os.kill(probe, signal.SIGKILL)
     assert heal.undone or heal.already_healed
     assert loop.run_until_complete(stack.http.get(f"{stack.url('lmcache')}/healthcheck", timeout=5)).status_code == 200
+
+
+def _exec_pid(container, within: float = 10.0) -> int:
+    """The host pid of the container's running exec session (the one the test started)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        container.reload()
+        for exec_id in container.attrs.get("ExecIDs") or []:
+            info = container.client.api.exec_inspect(exec_id)
+            if info.get("Running") and info.get("Pid") and info["ProcessConfig"]["entrypoint"] == "sleep":
+                return int(info["Pid"])
+        time.sleep(0.1)
+    raise AssertionError("the exec session never started")
 
 
 def test_pause_freezes_the_cgroup_and_unpause_thaws_it(small_stack):
