@@ -346,20 +346,38 @@ def received_within(s: socket.socket, n: int, window: float) -> tuple[int, float
 
 
 @needs_root
-def test_loss_slows_a_transfer(netns, kn):
-    _, side = netns
-    n = 8_000_000
-    clean_bytes, clean_s = received_within(side.connect(), n, window=5.0)
-    assert clean_bytes == n
+def test_loss_drops_data_and_the_sender_retransmits(netns, kn):
+    # What loss does is drop segments and make TCP resend them. How much slower that makes a transfer on
+    # a link with a microsecond RTT depends on whether a retransmission timeout happens, which is luck:
+    # a throughput ratio here failed 2 runs in 5 under load, so the test reads the sender's own count.
+    # Nor is the transfer asked to finish: a segment lost again and again backs off 200 ms, 400 ms, ...
+    # (one 8 MB transfer was still short after 30 s).
+    side = netns[1]
     lossy = side.connect()
     rec = kn.apply(Loss(Target(port=PORT), percent=30))
-    # lost 64 KiB packets and retransmission timeouts (200 ms and up) make the time vary a lot: bound it
-    lossy_bytes, lossy_s = received_within(lossy, n, window=1.0)
+    lossy_bytes, lossy_s = received_within(lossy, 2_000_000, window=5.0)
     drops = kn.counters(rec)
-    print(f"8 MB: {clean_s * 1000:.1f} ms clean; with 30% loss {lossy_bytes} B in {lossy_s * 1000:.0f} ms, "
-          f"{drops['packets']} packets dropped")
-    assert drops["packets"] > 0
-    assert lossy_bytes / lossy_s < (clean_bytes / clean_s) / 10
+    retrans = _total_retrans(_peer_of(side, lossy))
+    print(f"2 MB asked for with 30% loss: {lossy_bytes} B in {lossy_s * 1000:.0f} ms, {drops['packets']} packets "
+          f"dropped, {retrans} segments retransmitted")
+    assert lossy_bytes > 0 and drops["packets"] > 0 and retrans > 0
+
+
+def _peer_of(side: InNamespace, client: socket.socket) -> socket.socket:
+    """The server's end of ``client``'s connection."""
+    return next(s for s in side.sockets if s.fileno() != -1 and s is not client and _peer(s) == client.getsockname())
+
+
+def _peer(s: socket.socket) -> tuple | None:
+    try:
+        return s.getpeername()
+    except OSError:
+        return None
+
+
+def _total_retrans(s: socket.socket) -> int:
+    """``tcpi_total_retrans`` from TCP_INFO: 8 bytes of u8 fields, then u32s, the 24th of which it is."""
+    return int.from_bytes(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[100:104], sys.byteorder)
 
 
 @needs_root
