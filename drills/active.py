@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from drills.procstat import START_TIME, stat_fields
+
 ENV = "KVDRILL_STATE_DIR"
 Kind = Literal["run", "suite"]
 
@@ -55,12 +57,9 @@ def boot_id() -> str:
 
 
 def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat (after the command name, which may hold spaces and parentheses)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(text[text.rfind(")") + 2:].split()[19])
+    """Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot."""
+    fields = stat_fields(pid)
+    return int(fields[START_TIME]) if fields else None
 
 
 def user_name() -> str:

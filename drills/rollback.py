@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from drills.journal import JOURNAL_NAME, Event, History, Journal, read_history
+from drills.procstat import STATE, stat_fields
 from drills.stack import diskfs, faultfs
 from drills.stack.netns import NetNamespace, NetnsError
 from drills.stack.process import group_members, leader_runs, remove_shm_of, tagged_pids
@@ -121,11 +122,8 @@ def _undo_faults(history: History, report: RollbackReport, argv_of: dict[int, li
 # --- processes ------------------------------------------------------------------------------------------
 
 def _state(pid: int) -> str | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2:].split()[0]
+    fields = stat_fields(pid)
+    return fields[STATE] if fields else None
 
 
 def _alive(pid: int) -> bool:

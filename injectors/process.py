@@ -14,12 +14,12 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from drills.durations import Duration
+from drills.procstat import STATE, stat_fields
 from drills.stack.process import group_members, leader_runs
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
@@ -44,11 +44,8 @@ def process_states(pids: set[int]) -> dict[int, str]:
     """``/proc/<pid>/stat`` state letter per live pid (R, S, D, T, Z, ...)."""
     states = {}
     for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        states[pid] = text[text.rfind(")") + 2:].split()[0]
+        if fields := stat_fields(pid):
+            states[pid] = fields[STATE]
     return states
 
 

@@ -29,6 +29,7 @@ import docker
 import structlog
 
 from drills.journal import Journal
+from drills.procstat import PPID, stat_fields
 from drills.stack.process import ServiceDriver, ServiceSpec, StackError, remove_shm_of
 
 log = structlog.get_logger(__name__)
@@ -80,7 +81,7 @@ def exec_trees(container: docker.models.containers.Container, pids: set[int]) ->
                 roots.add(int(info["Pid"]))
     if not roots & pids:
         return set()
-    parent = {pid: _parent(pid) for pid in pids}
+    parent = {pid: int(f[PPID]) if (f := stat_fields(pid)) else None for pid in pids}
     found = set()
     for pid in pids:
         seen, at = set(), pid
@@ -91,14 +92,6 @@ def exec_trees(container: docker.models.containers.Container, pids: set[int]) ->
             seen.add(at)
             at = parent.get(at)
     return found
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(text[text.rfind(")") + 2:].split()[1])
 
 
 @dataclass

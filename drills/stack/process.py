@@ -25,6 +25,7 @@ import structlog
 
 from drills.journal import Journal
 from drills.observe import shm
+from drills.procstat import PGRP, stat_fields
 
 log = structlog.get_logger(__name__)
 
@@ -98,13 +99,8 @@ def group_members(pgid: int) -> set[int]:
     """PIDs whose process group is ``pgid`` (read from /proc, so it also finds reparented children)."""
     members = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # field 5 is pgrp; the command name in field 2 may contain spaces, so split after its ')'
-        fields = text[text.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid:
+        fields = stat_fields(stat.parent.name)
+        if fields and int(fields[PGRP]) == pgid:
             members.add(int(stat.parent.name))
     return members
 
