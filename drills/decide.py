@@ -48,16 +48,21 @@ def expectation(expect: Expect | None, verdict: str, results: list[CheckResult])
         problems.append(f"verdict {verdict}, expected {expect.verdict}")
     problems += [f"{c} did not fail ({by_name.get(c, 'not run')})" for c in expect.failing_checks if by_name.get(c) != "fail"]
     problems += [f"{c} did not pass ({by_name.get(c, 'not run')})" for c in expect.passing_checks if by_name.get(c) != "pass"]
+    problems += [f"{c} did not end in error ({by_name.get(c, 'not run')})" for c in expect.erroring_checks
+                 if by_name.get(c) != "error"]
     out: dict[str, Any] = {"verdict": expect.verdict, "failing_checks": expect.failing_checks,
                            "passing_checks": expect.passing_checks}
+    if expect.erroring_checks:
+        out["erroring_checks"] = expect.erroring_checks
     if expect.defect is not None:
         out["defect"] = expect.defect
     if expect.cause is not None:
-        named = named_cause(expect.cause, [r for r in results if r.name in expect.failing_checks and r.verdict == "fail"])
+        named = named_cause(expect.cause, [r for r in results if (r.name in expect.failing_checks and r.verdict == "fail")
+                                           or (r.name in expect.erroring_checks and r.verdict == "error")])
         out["cause"] = {"pattern": expect.cause, "named_by": named}
         if named is None:
             problems.append(f"no failing check names the cause (/{expect.cause}/ in none of "
-                            f"{', '.join(expect.failing_checks)}'s summary or evidence)")
+                            f"{', '.join(expect.failing_checks + expect.erroring_checks)}'s summary or evidence)")
     return {**out, "held": not problems, "problems": problems}
 
 
@@ -77,7 +82,7 @@ def decide(expect: Expect | None, verdict: str, reason: str, results: list[Check
     stopped the drill before them."""
     exp = expectation(expect, verdict, results)
     if exp is not None and exp["held"]:
-        code = 0
+        code = 0  # an expected ERROR held too: a control whose finding is a premise the stack broke (D13)
     elif exp is not None and verdict in ("pass", "no_effect", "fail"):
         code = 1  # the drill ran, and kvdrill's checkers did not say what the scenario expected
     else:

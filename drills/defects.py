@@ -40,4 +40,7 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
            "LMCache in-process", ("hit_rate",)),
     Defect("D12", "keys carry no model revision: stale hits after a model swap",
            "LMCache keys", ("correctness",)),
+    Defect("D13", "in-process LMCache ignores vLLM's cache_salt: a request salted for another tenant is served "
+                  "KV stored without (or under another) salt",
+           "LMCache in-process (LMCacheConnectorV1)", ("oracle",)),
 )}

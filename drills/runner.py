@@ -26,6 +26,7 @@ from rich.console import Console
 
 from drills import active, checkers, seeds, stop
 from drills.checkers import effect
+from drills.checkers import oracle as oracle_check
 from drills.checkers.base import CheckResult, RunView
 from drills.checkers.correctness import check as correctness_check
 from drills.checkers.recovery import recovered
@@ -42,7 +43,7 @@ from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import Action, LoadedScenario, ManualStep, StackSpec
+from drills.scenario import Action, LoadedScenario, ManualStep, StackSpec, default_oracle
 from drills.sse_http import SsePool
 from drills.stack.base import ProcessStack
 from drills.stack.mooncake import MooncakeOptions, MooncakeStack
@@ -70,6 +71,10 @@ class DrillAborted(RuntimeError):
     pass
 
 
+class OracleRejected(RuntimeError):
+    """A salted oracle answer was served from a cache: there is no no-cache reference to judge by."""
+
+
 @dataclass
 class Outcome:
     run_id: str
@@ -82,6 +87,12 @@ class Outcome:
 
 
 def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
+    stack = _stack_of(spec, run_dir, journal, http)
+    stack.with_baseline = spec.baseline is not False
+    return stack
+
+
+def _stack_of(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
     if spec.ref in ("sandbox-mooncake", "sandbox-docker-mooncake"):
         opts = MooncakeOptions(load_failure_policy=spec.mooncake.load_failure_policy,
                                prefix_caching=bool(spec.engine.prefix_caching), chunk_size=spec.lmcache.chunk_size,
@@ -173,6 +184,15 @@ class Runner:
                 self.journal.append("drill.stopped", source=req.source if req else None, reason=reason,
                                     interrupted_phase=self.journal.phase,
                                     after_request_s=round(time.time() - req.requested_at, 3) if req else None)
+            except OracleRejected as exc:
+                # judged by the oracle check alone (drills/checkers/__init__.py), so `analyze` agrees
+                with switch.deferred():
+                    history = read_history(self.journal.path)
+                    self._checked_through = history.events[-1].seq
+                    results = checkers.run_checks(history, self.scenario.checks)
+                verdict, reason = overall(results)
+                if verdict != "error":  # the live check and the stored one must agree; never a silent PASS
+                    verdict, reason = "error", str(exc)
             except ServiceStartError as exc:
                 if exc.service not in UNDER_TEST or not self._vllm_proven():
                     verdict, reason = "error", str(exc)
@@ -230,7 +250,7 @@ class Runner:
             with self._phase("up", f"reusing the running stack of {self.reused_from[-1]}"):
                 pass
         else:
-            with self._phase("up", f"starting {self.stack.starts}"):
+            with self._phase("up", f"starting {self.stack.starts_now}"):
                 await self.stack.up()
             image = getattr(self.stack, "image", None)  # a container stack: the image every service ran
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"),
@@ -238,10 +258,10 @@ class Runner:
 
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
         self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py)
-        baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http, sse=SsePool(self.stack.url("baseline")))
-        self.prompts = await build_prompts(baseline, sc.workload, sc.seed)
+        # the engine's tokenizer is the baseline's (same model files): prompts need no baseline engine
+        self.prompts = await build_prompts(engine, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
-            self.fresh = await build_prompts(baseline, sc.workload, sc.seed, fresh=True)
+            self.fresh = await build_prompts(engine, sc.workload, sc.seed, fresh=True)
         every = self.prompts + self.fresh if self.fresh else self.prompts
         self.journal.append("workload.prompts", shared_prefix_tokens=self.prompts.shared_prefix_tokens,
                             chunk_size=sc.stack.lmcache.chunk_size,
@@ -249,11 +269,7 @@ class Runner:
                             prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids}
                                      for p in every])
 
-        with self._phase("oracle", "no-cache baseline answers for every prompt"):
-            answers = await send_wave(baseline, every, sc.workload, self.journal, target="baseline", wave=1)
-            failed = [r.request_id for r in answers if not r.ok]
-            if failed:
-                raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
+        await self._oracle(http, engine, every)
 
         with self._phase("warm", f"cold write: populating {self.stack.warms}"):
             mark = await self.stack.store_mark()
@@ -296,6 +312,42 @@ class Runner:
         with self._phase("drain", "waiting for locks, stores, sessions and workers to return to pre-chaos values"):
             self.reusable = await self._drain()
         self.completed = True
+
+    async def _oracle(self, http: httpx.AsyncClient, engine: EngineClient, every: PromptSet) -> None:
+        """The no-cache answer to every prompt: from the engine itself with a fresh cache_salt per prompt
+        (salted), from the baseline engine, or both; a salted answer must prove it was computed cold."""
+        sc = self.scenario
+        mode = sc.oracle or "baseline"
+        default, why = default_oracle(sc)
+        chosen = why if mode == default else f"oracle: {mode} in the scenario (the default here: {default}, {why})"
+        judge = "baseline" if mode == "baseline" else "salted"
+        what = {"salted": "the engine's own answers, each prompt with a fresh cache_salt (proven cold)",
+                "baseline": "no-cache baseline answers for every prompt",
+                "both": "salted engine answers and baseline answers, which must agree"}[mode]
+        with self._phase("oracle", what):
+            self.journal.append("oracle.source", mode=mode, judge=judge, why=chosen, default=default)
+            if mode in ("baseline", "both"):
+                baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http,
+                                        sse=SsePool(self.stack.url("baseline")))
+                answers = await send_wave(baseline, every, sc.workload, self.journal, target="baseline", wave=1)
+                failed = [r.request_id for r in answers if not r.ok]
+                if failed:
+                    raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
+            if mode in ("salted", "both"):
+                run_tag = uuid.uuid4().hex[:12]  # fresh per run: a salt no earlier request can have used
+                await self._metrics_point("before", wave=None)
+                answers = await send_wave(engine, every, sc.workload, self.journal, target="oracle", wave=1,
+                                          cache_salt=lambda p: f"kvdrill-oracle-{run_tag}-{p.name}",
+                                          on_failure=lambda: self._service_state("engine"))
+                await self._metrics_point("oracle", wave=1)
+                failed = [r.request_id for r in answers if not r.ok]
+                if failed:
+                    raise DrillError(f"the engine failed salted oracle requests {failed}: no oracle, no verdict")
+                result = oracle_check.check(RunView(read_history(self.journal.path)))
+                if result.verdict != "pass":
+                    self.journal.append("oracle.rejected", summary=result.summary, evidence=result.evidence)
+                    raise OracleRejected(f"oracle: {result.summary}")
+                self.journal.append("oracle.cleanup", **await self.stack.drop_salted(f"kvdrill-oracle-{run_tag}-"))
 
     async def _plan(self, i: int, fault, params) -> Injector:
         """Build and plan a fault; a triggered one is planned before it is armed, so when its condition
@@ -458,9 +510,10 @@ class Runner:
         return not above
 
     def _vllm_proven(self) -> bool:
-        """The baseline, the same vLLM without a cache, came up healthy in this stack: then an engine that
-        does not is a finding about the cache path, not a broken install or a host out of memory."""
-        return bool(self.reused_from) or any(e.data.get("service") == "baseline"
+        """vLLM came up healthy in this stack before (the baseline, the same vLLM without a cache, or the
+        engine itself before a restart): then an engine that does not is a finding about the cache path,
+        not a broken install or a host out of memory."""
+        return bool(self.reused_from) or any(e.data.get("service") in ("baseline", "engine")
                                              for e in self.journal_events("service.healthy"))
 
     def journal_events(self, type_: str):

@@ -36,8 +36,13 @@ from drills.triggers import Trigger
 from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
-DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12"]
-CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo"]
+DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13"]
+CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle"]
+OracleSource = Literal["salted", "baseline", "both"]
+# stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
+# LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
+# (LMCacheConnectorV1, the Mooncake stacks) ignores the salt (defect D13), so there the baseline judges.
+SALT_HONOURED = ("sandbox", "sandbox-docker")
 Action = Literal["clear_l1", "reset_prefix_cache", "restart_engine"]
 OnTimeout = Literal["abort", "continue"]
 
@@ -125,6 +130,9 @@ class StackSpec(_Strict):
     mooncake: MooncakeSpec = MooncakeSpec()
     reuse: bool = Field(True, description="in a suite, this drill may run on the stack a previous scenario with "
                                           "the same stack spec left healthy and drained (false: always a fresh one)")
+    baseline: bool | None = Field(
+        None, description="start the no-cache baseline vLLM (no KV connector, no prefix cache) beside the engine; "
+                          "default: only when the scenario's oracle needs it (oracle: baseline or both)")
 
 
 class ShareSpec(_Strict):
@@ -321,6 +329,9 @@ class Expect(_Strict):
     verdict: Verdict
     failing_checks: list[CheckName] = Field(default_factory=list)
     passing_checks: list[CheckName] = Field(default_factory=list)
+    erroring_checks: list[CheckName] = Field(
+        default_factory=list, description="checks that must end ERROR: a premise of the drill the stack broke "
+                                          "(the oracle check when a fresh cache_salt was served from cache)")
     defect: DefectId | None = Field(None, description="the defect of shared/incidents.md (D1-D12) this drill is the "
                                                       "negative control (it must surface it) or positive twin of")
     cause: str | None = Field(None, description="regular expression (case-insensitive) that the summary or evidence "
@@ -328,16 +339,20 @@ class Expect(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Expect:
-        both = set(self.failing_checks) & set(self.passing_checks)
-        if both:
-            raise ValueError(f"a check cannot be expected to both fail and pass: {sorted(both)}")
+        for (a, b), (x, y) in zip(((self.failing_checks, self.passing_checks), (self.failing_checks, self.erroring_checks),
+                                   (self.passing_checks, self.erroring_checks)),
+                                  (("fail", "pass"), ("fail", "end in error"), ("pass", "end in error"))):
+            both = set(a) & set(b)
+            if both:
+                raise ValueError(f"a check cannot be expected to both {x} and {y}: {sorted(both)}")
         if self.cause is not None:
             try:
                 re.compile(self.cause)
             except re.error as exc:
                 raise ValueError(f"cause {self.cause!r} is not a regular expression: {exc}") from None
-            if not self.failing_checks:
-                raise ValueError("cause needs failing_checks: it is matched against what those checks report")
+            if not (self.failing_checks or self.erroring_checks):
+                raise ValueError("cause needs failing_checks (or erroring_checks): it is matched against what those "
+                                 "checks report")
         return self
 
 
@@ -408,6 +423,46 @@ class Scenario(_Strict):
     halt: list[HaltCondition] = Field(
         default_factory=list, description="stop the drill (verdict ABORTED) when one of these is breached during "
                                           "chaos: error_rate, ttft, metric or http")
+    oracle: OracleSource | None = Field(
+        None, description="what every answer is compared with. salted: the engine under test itself, each prompt "
+                          "sent once with a fresh cache_salt so that no prefix cache or KV tier can serve it, and "
+                          "each such request proven cold (vLLM's cached_tokens 0, LMCache's hit counters for the "
+                          "salt 0); baseline: a second vLLM without KV connector or prefix cache; both: the two, "
+                          "which must agree token for token. Default: salted on stacks whose KV tier keys by the "
+                          "salt (" + ", ".join(SALT_HONOURED) + "), baseline elsewhere and for a model fault")
+
+    @model_validator(mode="after")
+    def _resolve_oracle(self) -> Scenario:
+        """Fill in the oracle and whether the stack starts a baseline engine, so the journal, the stack
+        pool's reuse key and the report all see the resolved choice."""
+        needs_baseline = [f.injector for f in self.chaos.faults if f.injector in BASELINE_FAULTS]
+        if self.oracle is None:
+            self.oracle = default_oracle(self)[0]
+        elif self.oracle == "salted" and needs_baseline:
+            raise ValueError(f"oracle: salted cannot judge a {needs_baseline[0]} fault: it serves the upgraded "
+                             "weights' no-cache answers from the baseline engine; use oracle: baseline or both")
+        wants = self.oracle in ("baseline", "both")
+        if self.stack.baseline is None:
+            self.stack.baseline = wants
+        elif wants and not self.stack.baseline:
+            raise ValueError(f"oracle: {self.oracle} needs the baseline engine, but stack.baseline is false")
+        return self
+
+
+# fault families that need the baseline engine beside the engine under test (injectors/model.py restarts
+# both on the upgraded weights and takes the baseline's answers as the oracle while it holds)
+BASELINE_FAULTS = ("model",)
+
+
+def default_oracle(sc: Scenario) -> tuple[OracleSource, str]:
+    """The oracle a scenario gets when it names none, and why (journaled and shown in reports)."""
+    model = [f.injector for f in sc.chaos.faults if f.injector in BASELINE_FAULTS]
+    if model:
+        return "baseline", f"a {model[0]} fault takes its oracle from the baseline engine"
+    if sc.stack.ref not in SALT_HONOURED:
+        return "baseline", (f"{sc.stack.ref} runs LMCache in-process (LMCacheConnectorV1), which ignores "
+                            "cache_salt (defect D13): a salted request could be served from the cache")
+    return "salted", f"{sc.stack.ref}'s LMCache MP server keys and counts lookups by cache_salt"
 
 
 @dataclass(frozen=True)

@@ -157,10 +157,15 @@ class EngineClient:
         r.raise_for_status()
         return list(r.json()["tokens"])
 
-    async def complete(self, token_ids: list[int], max_tokens: int, timeout: float) -> Completion:
-        """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request."""
+    async def complete(self, token_ids: list[int], max_tokens: int, timeout: float,
+                       cache_salt: str | None = None) -> Completion:
+        """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request.
+
+        ``cache_salt``: vLLM's per-request cache isolation key (the salted oracle sends a fresh one)."""
         body = {"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
                 "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         async with asyncio.timeout(timeout):
             start = time.perf_counter()
             if self.sse is not None:
@@ -265,15 +270,17 @@ def _error_kind(exc: Exception) -> tuple[str, int | None]:
 async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec, journal: Journal, *,
                     target: str, wave: int, on_request: Callable[[], Awaitable[None]] | None = None,
                     on_failure: Callable[[], dict[str, Any]] | None = None,
-                    oracle_set: str | None = None) -> list[Response]:
+                    oracle_set: str | None = None,
+                    cache_salt: Callable[[Prompt], str] | None = None) -> list[Response]:
     """Send every prompt once and journal each request and response: ``spec.concurrency`` at a time
     (closed loop), or at seeded Poisson times (``arrival: poisson``, open loop).
 
     ``on_request`` runs as each request is sent (request-count triggers); ``on_failure`` describes the
     target service when a request fails (alive or not, its last log lines) for the liveness check.
-    ``oracle_set`` marks baseline answers that are the oracle while a fault holds (a model upgrade)."""
+    ``oracle_set`` marks baseline answers that are the oracle while a fault holds (a model upgrade);
+    ``cache_salt`` gives each prompt's salt (the salted oracle), journaled with its request and response."""
     tag = {"oracle_set": oracle_set} if oracle_set else {}
-    send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag)
+    send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag, cache_salt)
     if isinstance(spec.arrival, PoissonArrival):
         return await _open_loop(send, prompts, spec.arrival,
                                 random.Random(seeds.arrivals(prompts.seed, journal.phase, target, wave)))
@@ -341,12 +348,14 @@ class _Sender:
 
     def __init__(self, client: EngineClient, spec: WorkloadSpec, journal: Journal, target: str, wave: int,
                  on_request: Callable[[], Awaitable[None]] | None, on_failure: Callable[[], dict[str, Any]] | None,
-                 tag: dict[str, Any]) -> None:
+                 tag: dict[str, Any], cache_salt: Callable[[Prompt], str] | None = None) -> None:
         self.client, self.spec, self.journal, self.target, self.wave = client, spec, journal, target, wave
-        self.on_request, self.on_failure, self.tag = on_request, on_failure, tag
+        self.on_request, self.on_failure, self.tag, self.cache_salt = on_request, on_failure, tag, cache_salt
 
     async def __call__(self, prompt: Prompt, due: _Schedule | None) -> Response:
-        spec, journal, target, wave, tag = self.spec, self.journal, self.target, self.wave, self.tag
+        spec, journal, target, wave = self.spec, self.journal, self.target, self.wave
+        salt = self.cache_salt(prompt) if self.cache_salt is not None else None
+        tag = {**self.tag, "cache_salt": salt} if salt is not None else self.tag
         request_id = f"{journal.phase}-w{wave}-{prompt.name}-{target}"
         timing: dict[str, Any] = {}
         if due is not None:
@@ -359,7 +368,8 @@ class _Sender:
         start = time.perf_counter() if due is None else due.at
         sent = time.perf_counter()
         try:
-            done = await self.client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout)
+            salted = {"cache_salt": salt} if salt is not None else {}
+            done = await self.client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout, **salted)
             # open loop: time to first token also counts from the scheduled time (the queue is part of it)
             ttft = done.ttft_s if done.ttft_s is None else done.ttft_s + (sent - start)
             aborted = done.finish_reason == ABORTED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from drills.checkers import correctness, degenerate, evidence, hit_rate, leaks, liveness, recovery, slo
+from drills.checkers import correctness, degenerate, evidence, hit_rate, leaks, liveness, oracle, recovery, slo
 from drills.checkers.base import CheckResult, RunView
 from drills.journal import Event, History
 from drills.scenario import ChecksSpec
@@ -21,6 +21,13 @@ def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
             return [CheckResult("liveness", "error", "the engine never came up, and liveness, the only check "
                                                      "that can judge that, is disabled in this scenario")]
         return [_guarded("liveness", malformed, lambda: liveness.check(view, checks.liveness))]
+    # the reference every other check compares with: judged first, and alone when the runner stopped
+    # because a salted oracle answer came from a cache (nothing after it could be judged against it). A
+    # journal from before the oracle was chosen per run had only the baseline, and no such check.
+    if history.first("oracle.source") is not None:
+        results.append(_guarded("oracle", malformed, lambda: oracle.check(view)))
+        if history.first("oracle.rejected") is not None:
+            return results
     correct = _guarded("correctness", malformed, lambda: correctness.check(view, checks.correctness)) \
         if checks.correctness.enabled else None
     if correct:

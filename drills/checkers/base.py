@@ -12,6 +12,9 @@ from typing import Any, Literal
 from drills.journal import Event, History
 
 CheckVerdict = Literal["pass", "fail", "error"]
+# the journal target of each oracle's answers: the salted oracle is the engine under test itself, sent a
+# fresh cache_salt per prompt; the baseline is the second vLLM without KV connector or prefix cache
+ORACLE_TARGET = {"salted": "oracle", "baseline": "baseline"}
 
 
 @dataclass
@@ -68,11 +71,22 @@ class RunView:
     def phase_responses(self, phase: str, target: str = "engine") -> list[Event]:
         return [e for e in self.responses if e.phase == phase and e.data.get("target") == target]
 
+    def oracle_source(self) -> dict[str, Any]:
+        """Which oracle judged the run (``oracle.source``): ``mode`` salted/baseline/both, ``judge`` the
+        one whose answers are the reference. A journal from before the salted oracle had only the baseline."""
+        e = self.history.first("oracle.source")
+        data = e.data if e is not None and isinstance(e.data.get("judge"), str) else {}
+        return {"mode": "baseline", "judge": "baseline", **data}
+
+    def oracle_target(self) -> str:
+        """The ``target`` of the judging oracle's responses: the salted engine's or the baseline engine's."""
+        return ORACLE_TARGET.get(self.oracle_source()["judge"], "baseline")
+
     def oracle(self) -> dict[int, Event]:
-        """The no-cache baseline's answer per prompt id (first successful one)."""
+        """The no-cache answer per prompt id (first successful one) from the oracle that judges the run."""
         if self._oracle is None:
             self._oracle = {}
-            for e in self.phase_responses("oracle", target="baseline"):
+            for e in self.phase_responses("oracle", target=self.oracle_target()):
                 if e.data.get("ok") and e.data["prompt_id"] not in self._oracle:
                     self._oracle[e.data["prompt_id"]] = e
         return self._oracle

@@ -47,6 +47,7 @@ class Response(_Data):
     itl_s: list[FiniteFloat] | None = None
     cached_tokens: int | None = None
     oracle_set: Hashable = None
+    cache_salt: str | None = None
 
     @model_validator(mode="after")
     def _answer_has_tokens(self) -> Response:
@@ -141,6 +142,7 @@ READS: dict[str, tuple[str, ...]] = {
     "liveness": ("response", "service.died", "service.start_failed", *FAULTS),
     "recovery": ("response", "observe.metrics", *FAULTS),
     "slo": ("response", "observe.metrics", "warm.stored", "workload.prompts", *FAULTS),
+    "oracle": ("response", "observe.metrics"),
 }
 
 

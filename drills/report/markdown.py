@@ -58,6 +58,20 @@ def effect_section(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+ORACLE_WORDS = {"salted": "salted: the engine under test itself, each prompt sent once with a fresh cache_salt",
+                "baseline": "baseline: a second vLLM without KV connector or prefix cache",
+                "both": "both: the salted engine and the baseline vLLM, which must agree"}
+
+
+def oracle_line(history: History) -> list[str]:
+    """Which oracle judged the run, and why that one (journals before the choice had only the baseline)."""
+    e = history.first("oracle.source")
+    if e is None:
+        return []
+    mode = str(e.data.get("mode"))
+    return [f"- oracle: {ORACLE_WORDS.get(mode, mode)} ({e.data.get('why')})"]
+
+
 def _clip(text: str, width: int = 140) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -71,6 +85,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
     if exp:
         out.append(f"- expectation: verdict `{exp['verdict']}`, failing {exp['failing_checks'] or '[]'}, "
                    f"passing {exp['passing_checks'] or '[]'} → {'held' if exp['held'] else 'NOT held: ' + '; '.join(exp['problems'])}")
+    out += oracle_line(history)
     out += stopped_section(doc)
     out += effect_section(doc)
     out += ["", "## Checks", "", "| check | verdict | summary |", "|---|---|---|"]
@@ -212,7 +227,7 @@ def _latency_section(history: History) -> list[str]:
     from drills.scenario import SloCheck
 
     view, opts = RunView(history), SloCheck()
-    rows = [("recompute (baseline, oracle)", phase_latency(view, "oracle", "baseline", opts))]
+    rows = [(f"recompute ({view.oracle_source()['judge']} oracle)", phase_latency(view, "oracle", view.oracle_target(), opts))]
     rows += [(p, phase_latency(view, p, "engine", opts)) for p in ("warm", "steady", "chaos", "recovery")]
     rows = [(name, r) for name, r in rows if r and r["ttft_s"]["p50"] is not None]
     if not rows:

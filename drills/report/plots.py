@@ -66,7 +66,7 @@ def phase_spans(history: History) -> list[Span]:
 def outcome(view: RunView, e: Event) -> str:
     """How a response reads on the timeline: the baseline's are the oracle; an engine request the fault
     held down on purpose is 'unavailable', not failed."""
-    if e.data.get("target") == "baseline":
+    if e.data.get("target") in ("baseline", "oracle"):  # the baseline's or the salted oracle's answers
         return "baseline"
     if not e.data.get("ok"):
         return "unavailable" if view.expected_down(e) is not None else "failed"
@@ -127,7 +127,7 @@ def timeline(history: History) -> str | None:
     # one collection per row and outcome: a 100,000-request run is then a handful of draw calls
     bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for e in view.responses:
-        row = rows["baseline" if e.data.get("target") == "baseline" else "engine"]
+        row = rows["baseline" if e.data.get("target") in ("baseline", "oracle") else "engine"]
         took = float(e.data.get("latency_s") or 0.0)
         bars.setdefault((row, outcome(view, e)), []).append((e.ts - base - took, max(took, end / 500)))
     for (row, kind), xs in bars.items():

@@ -81,6 +81,7 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
         "output_tokens": _distribution([len(e.data["token_ids"]) for e in view.responses
                                         if e.data.get("ok") and isinstance(e.data.get("token_ids"), list)]),
         "concurrency": (model.get("workload") or {}).get("concurrency"),
+        "oracle": {k: v for k, v in view.oracle_source().items() if k in ("mode", "judge", "why")},
         "cache": _cache(view, gaps),
         "first_vs_repeat": _first_vs_repeat(view, gaps),
         "tiers": tiers.for_record(view, gaps.missing),  # APC / L1 / L2 / recomputed per phase (report/tiers.py)
@@ -251,7 +252,7 @@ def _first_vs_repeat(view: RunView, gaps: _Gaps) -> dict[str, Any]:
 def _latency(view: RunView, gaps: _Gaps) -> dict[str, Any]:
     opts = SloCheck()
     out: dict[str, Any] = {}
-    rows = [("baseline", phase_latency(view, "oracle", "baseline", opts))]
+    rows = [("baseline", phase_latency(view, "oracle", view.oracle_target(), opts))]
     rows += [(p, phase_latency(view, p, "engine", opts)) for p in LATENCY_PHASES]
     for name, r in rows:
         if r is None:

@@ -33,6 +33,9 @@ class ProcessStack:
     # what the "up" and "warm" phases say they do on this topology (the progress line and the journal)
     starts: str = "vLLM engine and baseline vLLM"
     warms: str = "the cache"
+    # whether the no-cache baseline vLLM runs: only when the scenario's oracle needs it (the salted oracle
+    # asks the engine itself); the runner sets it from stack.baseline before prepare()
+    with_baseline: bool = True
 
     def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         self.run_dir = run_dir.resolve()
@@ -46,6 +49,18 @@ class ProcessStack:
     async def down(self) -> None:
         raise NotImplementedError
 
+    def _wanted(self, specs: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
+        """The services this stack starts: all its topology has, less the baseline engine when no oracle
+        needs it (one vLLM fewer to start on two cores)."""
+        return specs if self.with_baseline else {n: s for n, s in specs.items() if n != "baseline"}
+
+    @property
+    def starts_now(self) -> str:
+        """What the "up" phase says it starts."""
+        if self.with_baseline:
+            return self.starts
+        return self.starts.replace(", and baseline vLLM", "").replace(" and baseline vLLM", "")
+
     repairable = False  # can :meth:`repair` give a leaked-into stack a clean cache and engine?
 
     async def repair(self) -> dict[str, Any]:
@@ -53,6 +68,11 @@ class ProcessStack:
 
     async def reset_for_reuse(self) -> dict[str, Any]:
         """Make a healthy stack fit for the next drill of a suite (nothing by default)."""
+        return {}
+
+    async def drop_salted(self, salt_prefix: str) -> dict[str, Any]:
+        """Remove what the salted oracle's requests stored (nothing to do where no tier keeps salted KV
+        apart), so the drill's own traffic meets the cache as a run without an oracle would."""
         return {}
 
     async def store_mark(self) -> Any:

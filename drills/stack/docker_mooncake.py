@@ -93,11 +93,11 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
             "KVD_KV_TRANSFER_CONFIG": json.dumps(kv_transfer),
         }
         deadline = {"engine": opts.startup_deadline, "baseline": opts.startup_deadline}
-        self.specs = {name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(REPO_ROOT)}#{name}"],
+        self.specs = self._wanted({name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(REPO_ROOT)}#{name}"],
                                         env={}, health_url=f"{self.url(name)}{HEALTH_PATH.get(name, '/health')}",
                                         startup_deadline=float(deadline.get(name, 30.0)),
                                         depends_on=DEPENDS.get(name, []))
-                      for name in ("toxiproxy", "mooncake-master", "store-a", "store-b", "engine", "baseline")}
+                      for name in ("toxiproxy", "mooncake-master", "store-a", "store-b", "engine", "baseline")})
         self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,
                             host_ports=self.host_ports, toxiproxy_seed=self.toxiproxy_seed,
                             model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,

@@ -118,7 +118,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
             else "--no-enable-prefix-caching",
             "KVD_KV_TRANSFER_CONFIG": json.dumps(kv_transfer),
         }
-        self.specs = self._specs(eng.startup_deadline)
+        self.specs = self._wanted(self._specs(eng.startup_deadline))
         self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,
                             l2_dir=str(self.l2_dir), toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir),
                             served_model_dir=str(self.served_model_dir), l2_adapter=adapter,

@@ -178,7 +178,7 @@ class MooncakeStack(ProcessStack):
             "prefix_caching_flag": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{opts.startup_deadline}s",
         }
-        self.specs = render_services(COMPOSE_FILE, variables)
+        self.specs = self._wanted(render_services(COMPOSE_FILE, variables))
         self.journal.append("stack.prepared", ref="sandbox-mooncake", ports=self.ports, netns=self.netns.as_dict(),
                             toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
                             lmcache_config=self.lmcache_config_doc())

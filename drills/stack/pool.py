@@ -30,7 +30,11 @@ from drills.stack.base import ProcessStack
 
 
 def stack_key(spec: StackSpec) -> str:
-    return json.dumps(spec.model_dump(mode="json", exclude={"reuse"}), sort_keys=True)
+    """What must be equal for two drills to share a stack. Left out: whether a baseline engine runs (a
+    stack that has one serves a drill that needs none, see :meth:`StackPool.offer`) and the engine's
+    start deadline, a bound on waiting that changes nothing a drill observes."""
+    return json.dumps(spec.model_dump(mode="json", exclude={"reuse": True, "baseline": True,
+                                                            "engine": {"startup_deadline"}}), sort_keys=True)
 
 
 @dataclass
@@ -59,6 +63,8 @@ class StackPool:
             return None, "the scenario asks for a fresh stack (stack.reuse: false)"
         if live.key != stack_key(spec):
             return None, f"the running stack (from {live.runs[-1]}) has another stack spec"
+        if spec.baseline and not live.stack.with_baseline:
+            return None, f"the running stack (from {live.runs[-1]}) has no baseline engine, which this drill's oracle needs"
         if seed in live.seeds:
             return None, f"seed {seed} already ran on the running stack: its prompts would be cached"
         if live.dirty:

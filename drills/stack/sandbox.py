@@ -130,6 +130,7 @@ class SandboxStack(ProcessStack):
         self.options = options
         self.l2_dir = self.run_dir / "stack" / "l2"
         self.l2_fs: RunFilesystem | FaultFs | None = None  # a run-owned filesystem under the L2 (disk faults)
+        self._hash_memo: dict[tuple[int, ...], list[str]] = {}  # prompt token ids -> LMCache chunk hashes
         self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline", "toxiproxy",
                                                "lmcache_proxy")}
 
@@ -199,7 +200,7 @@ class SandboxStack(ProcessStack):
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
         }
         self._variables = variables
-        self.specs = render_services(COMPOSE_FILE, variables)
+        self.specs = self._wanted(render_services(COMPOSE_FILE, variables))
         self.journal.append("stack.prepared", ref=self.options.ref, ports=self.ports, l2_dir=str(self.l2_dir),
                             toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir), served_model_dir=str(self.served_model_dir),
                             l2_adapter=adapter, kv_transfer_config=kv_transfer)
@@ -208,7 +209,7 @@ class SandboxStack(ProcessStack):
         """Point engine and baseline at another model directory from their next start (a model upgrade
         that ships under a new path, so the cache keys, which include the path, change too)."""
         self._variables["model_dir"] = path
-        self.specs = render_services(COMPOSE_FILE, self._variables)
+        self.specs = self._wanted(render_services(COMPOSE_FILE, self._variables))
 
     async def up(self) -> None:
         """Start every service as soon as the services it depends on are healthy (so the engine does not
@@ -322,6 +323,29 @@ class SandboxStack(ProcessStack):
                 pass
         return {"l1": cleared, "l2_files_removed": removed, "l2_bytes_freed": freed}
 
+    async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0) -> dict[str, Any]:
+        """After the salted oracle: once LMCache has no store in flight, empty L1 (it holds nothing else yet:
+        a fresh stack is empty and a reused one was cleared for this drill) and delete the L2 files of
+        those salts. Left in place they would double the L2 bytes a drill writes (a disk drill's small
+        filesystem fills) and keep L1 busy with chunks no drill request can hit."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            ctl = (await self.lmcache_status()).get("storage_manager", {}).get("store_controller", {})
+            idle = ctl.get("in_flight_task_count", 0) == 0 and ctl.get("pending_keys_count", 0) == 0
+            if idle or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
+        cleared = await self.clear_l1()
+        removed, freed = 0, 0
+        for f in self.l2_dir.glob(f"*@{salt_prefix}*.data"):
+            try:
+                freed += f.stat().st_size
+                f.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return {"stores_idle": idle, "l1": cleared, "l2_files_removed": removed, "l2_bytes_freed": freed}
+
     async def clear_l1(self) -> dict[str, Any]:
         r = await self.http.post(f"{self.url('lmcache')}/cache/clear", json={"force": False}, timeout=30)
         r.raise_for_status()
@@ -340,7 +364,17 @@ class SandboxStack(ProcessStack):
     # --- LMCache keys --------------------------------------------------------------------------------
 
     def chunk_hashes(self, token_lists: list[list[int]]) -> list[list[str]]:
-        """Chunk hashes exactly as the LMCache MP server computes them (its own TokenHasher)."""
+        """Chunk hashes exactly as the LMCache MP server computes them (its own TokenHasher), each prompt
+        hashed once per stack: the warm-up and a kv_corrupt plan ask for the same prompts, and every ask
+        is a subprocess that imports LMCache (3-4 s each on two cores, measured)."""
+        memo = self._hash_memo
+        todo = [list(t) for t in dict.fromkeys(tuple(t) for t in token_lists) if tuple(t) not in memo]
+        if todo:
+            for tokens, hashes in zip(todo, self._run_hasher(todo)):
+                memo[tuple(tokens)] = hashes
+        return [list(memo[tuple(t)]) for t in token_lists]
+
+    def _run_hasher(self, token_lists: list[list[int]]) -> list[list[str]]:
         proc = subprocess.run(
             [str(stack_python()), str(PROBE), "chunk-hashes", str(self.options.lmcache.chunk_size), HASH_ALGORITHM],
             input=json.dumps({"prompts": token_lists}), capture_output=True, text=True, timeout=120)
@@ -349,8 +383,10 @@ class SandboxStack(ProcessStack):
         return json.loads(proc.stdout.strip().splitlines()[-1])["hashes"]
 
     def l2_file(self, chunk_hash: str) -> Path | None:
-        """The fs-L2 file of a chunk: ``<model>@<kv_rank>@<group>@<hash>[@<salt>].data``."""
-        matches = sorted(self.l2_dir.glob(f"*@{chunk_hash}.data")) + sorted(self.l2_dir.glob(f"*@{chunk_hash}@*.data"))
+        """The fs-L2 file of a chunk as the drill's (unsalted) traffic stores it: ``<model>@<kv_rank>@<group>@
+        <hash>.data``. The salted oracle's copy of the same chunk (``...@<hash>@<salt>.data``, same hash)
+        is never it: warm-up must not count it as stored, nor a fault corrupt it instead."""
+        matches = sorted(self.l2_dir.glob(f"*@{chunk_hash}.data"))
         return matches[0] if matches else None
 
     def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:

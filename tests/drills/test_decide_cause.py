@@ -42,4 +42,4 @@ def test_bad_expectations_are_refused():
     with pytest.raises(ValidationError, match="cause needs failing_checks"):
         Expect(verdict="fail", cause="x")
     with pytest.raises(ValidationError):
-        Expect(verdict="fail", defect="D13")
+        Expect(verdict="fail", defect="D14")

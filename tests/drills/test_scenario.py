@@ -137,3 +137,29 @@ def test_any_text_either_loads_or_raises_scenario_error(text):
         parse_scenario(text, Path("fuzz.yaml"))
     except ScenarioError as exc:
         assert exc.render().startswith("fuzz.yaml:")
+
+
+def _oracle_of(text: str):
+    sc = parse_scenario(text, Path("s.yaml")).scenario
+    return sc.oracle, sc.stack.baseline
+
+
+def test_the_oracle_defaults_to_salted_where_the_stack_honours_cache_salt():
+    assert _oracle_of("name: x\n") == ("salted", False)
+    assert _oracle_of("name: x\nstack: {ref: sandbox-docker}\n") == ("salted", False)
+    # in-process LMCache ignores the salt (D13): the baseline judges there
+    assert _oracle_of("name: x\nstack: {ref: sandbox-mooncake}\n") == ("baseline", True)
+    assert _oracle_of("name: x\noracle: both\n") == ("both", True)
+    assert _oracle_of("name: x\noracle: salted\nstack: {ref: sandbox-mooncake}\n") == ("salted", False)
+    model = "name: x\nchaos: {faults: [{injector: model, params: {served_path: same}}]}\n"
+    assert _oracle_of(model) == ("baseline", True)
+
+
+def test_an_oracle_the_stack_or_faults_cannot_give_is_refused_with_its_line():
+    with pytest.raises(ScenarioError, match="oracle: salted cannot judge a model fault"):
+        parse_scenario("name: x\noracle: salted\nchaos: {faults: [{injector: model, params: {served_path: same}}]}\n",
+                       Path("s.yaml"))
+    with pytest.raises(ScenarioError, match="needs the baseline engine, but stack.baseline is false"):
+        parse_scenario("name: x\noracle: baseline\nstack: {baseline: false}\n", Path("s.yaml"))
+    with pytest.raises(ScenarioError, match=r"s.yaml:2: oracle: .*salted.*baseline.*both"):
+        parse_scenario("name: x\noracle: salty\n", Path("s.yaml"))

@@ -94,3 +94,25 @@ async def test_a_stream_the_engine_aborted_is_unavailability_not_an_empty_answer
     assert "aborted the request after 0 tokens" in resp.error
     [event] = read_history(tmp_path).of_type("response")
     assert event.data["ok"] is False and event.data["error_kind"] == "aborted" and event.data["text"] == ""
+
+
+async def test_a_salted_wave_sends_each_prompt_its_salt_and_journals_it(tmp_path):
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(TOKENS))
+
+    journal = Journal(tmp_path)
+    journal.phase = "oracle"
+    spec = WorkloadSpec(prompts=2, concurrency=1, max_tokens=3)
+    prompts = PromptSet(prompts=[Prompt(id=0, token_ids=[1, 2]), Prompt(id=1, token_ids=[1, 3])],
+                        shared_prefix_tokens=1, seed=1)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://engine") as http:
+        await send_wave(EngineClient("http://engine", "m", http), prompts, spec, journal, target="oracle", wave=1,
+                        cache_salt=lambda p: f"s-{p.name}")
+        await send_wave(EngineClient("http://engine", "m", http), prompts, spec, journal, target="engine", wave=1)
+    assert [b.get("cache_salt") for b in bodies] == ["s-p0", "s-p1", None, None]
+    history = read_history(tmp_path)
+    assert [e.data.get("cache_salt") for e in history.of_type("request")] == ["s-p0", "s-p1", None, None]
+    assert [e.data.get("cache_salt") for e in history.of_type("response")] == ["s-p0", "s-p1", None, None]

@@ -13,8 +13,9 @@ from drills.stack.pool import StackPool, stack_key
 class FakeStack:
     """Just what the pool touches: a home, bind and down."""
 
-    def __init__(self, home):
+    def __init__(self, home, with_baseline=True):
         self.run_dir, self.journal, self.http, self.downs = home, None, None, 0
+        self.with_baseline = with_baseline
 
     def bind(self, journal, http):
         self.journal, self.http = journal, http
@@ -47,6 +48,23 @@ def test_offer_explains_every_refusal(pool, tmp_path):
     assert "stack.reuse: false" in pool.offer(StackSpec(reuse=False), 3)[1]
     pool.keep(spec, stack, seed=2, run_id="run-b")  # the same stack again: seeds and runs accumulate
     assert pool.live.seeds == {1, 2} and pool.live.runs == ["run-a", "run-b"]
+
+
+def test_deadlines_and_the_baseline_are_not_part_of_the_key():
+    base = stack_key(StackSpec())
+    assert stack_key(StackSpec.model_validate({"engine": {"startup_deadline": "400s"}})) == base
+    assert stack_key(StackSpec(baseline=True)) == stack_key(StackSpec(baseline=False)) == base
+    assert stack_key(StackSpec.model_validate({"engine": {"max_model_len": 2048}})) != base
+
+
+def test_a_stack_without_a_baseline_is_not_offered_to_a_drill_whose_oracle_needs_one(pool):
+    pool.keep(StackSpec(baseline=False), FakeStack(pool.new_home(), with_baseline=False), seed=1, run_id="run-a")
+    assert pool.offer(StackSpec(baseline=False), 2)[0] is not None
+    live, why = pool.offer(StackSpec(baseline=True), 2)
+    assert live is None and "no baseline engine" in why
+    pool.live = None
+    pool.keep(StackSpec(baseline=True), FakeStack(pool.new_home(), with_baseline=True), seed=1, run_id="run-b")
+    assert pool.offer(StackSpec(baseline=False), 2)[0] is not None  # an idle baseline serves a salted drill
 
 
 async def test_retire_stops_the_live_stack_on_the_suite_journal(pool, tmp_path):
