@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from drills.scenario import ScenarioError, json_schema, load_scenario
 
@@ -212,7 +213,7 @@ def rollback(run: str = typer.Argument(..., help="run directory, run id under --
     try:
         runs = resolve_run(run, reports_dir)
     except RunDirError as exc:
-        err.print(f"cannot roll back: {exc}", markup=False, highlight=False)
+        err.print(f"cannot roll back: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     alive = {r: live_owner(r) for r in runs}
     if not force and any(alive.values()):
@@ -224,7 +225,7 @@ def rollback(run: str = typer.Argument(..., help="run directory, run id under --
     try:
         reports = [do_rollback(r) for r in runs]
     except RunDirError as exc:  # changed between the look-up and the rollback
-        err.print(f"cannot roll back: {exc}", markup=False, highlight=False)
+        err.print(f"cannot roll back: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     for r in reports:
         render(r, out)
@@ -292,7 +293,7 @@ def _check_run(run_dir: Path, verb: str, need_journal: bool = True) -> None:
     try:
         check_run(run_dir, need_journal=need_journal)
     except RunDirError as exc:
-        err.print(f"cannot {verb}: {exc}", markup=False, highlight=False)
+        err.print(f"cannot {verb}: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
 
 
@@ -323,7 +324,7 @@ def compare(run_a: Path = typer.Argument(..., help="a run directory (reports/<ru
     try:
         a, b = cmp.load(run_a), cmp.load(run_b)
     except cmp.CompareError as exc:
-        err.print(f"[red]cannot compare:[/] {exc}", markup=True, highlight=False)
+        err.print(Text.assemble(("cannot compare: ", "red"), str(exc)), highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     rows = cmp.compare(a.record, b.record)
     if as_json:

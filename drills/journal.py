@@ -109,12 +109,13 @@ def _torn(fd: int) -> bool:
 def read_history(path: Path) -> History:
     if path.is_dir():
         path = path / JOURNAL_NAME
-    from drills.rundir import MAX_JOURNAL_BYTES, RunDirError, read_limited
+    from drills.inputs import InputFileError, read_limited
+    from drills.rundir import MAX_JOURNAL_BYTES
 
     history = History()
     try:  # a FIFO, a device or a symlink is refused, never opened blocking or followed
         raw = read_limited(path, MAX_JOURNAL_BYTES, "journal")
-    except RunDirError as exc:
+    except InputFileError as exc:
         history.problems.append(f"cannot read journal: {exc}")
         return history
     # One parse of the whole journal as a JSON array is much cheaper than one per line on a

@@ -14,29 +14,23 @@ then checked with ``fstat`` on the open descriptor, so what is checked is what i
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from pathlib import Path
 
+from drills.inputs import InputFileError, _kind, read_limited
 from drills.journal import JOURNAL_NAME
+
+__all__ = ["MAX_DOC_BYTES", "MAX_JOURNAL_BYTES", "RunDirError", "check_run", "read_limited", "resolve_run"]
 
 # A 100,000-request drill journals about 60 MB (bench/analyze.py); a journal 16 times that is no run of
 # kvdrill's, and reading it whole would take the memory of the machine the drill runs on.
 MAX_JOURNAL_BYTES = 1 << 30
-MAX_DOC_BYTES = 64 << 20  # verdict.json, record.json, scenario.yaml copies
+MAX_DOC_BYTES = 64 << 20  # verdict.json, record.json
 
 
-class RunDirError(ValueError):
+class RunDirError(InputFileError):
     """The run directory (or a file in it) is not one kvdrill may act on; the message says why."""
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 def _owner_ok(st: os.stat_result) -> bool:
@@ -90,31 +84,6 @@ def check_run(run_dir: Path, *, need_journal: bool = True) -> Path:
     if need_journal or os.path.lexists(journal):
         check_file(journal, "journal")
     return run_dir
-
-
-def read_limited(path: Path, limit: int, what: str = "file") -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes. Opened without following a final symlink
-    and without blocking, then checked on the descriptor: a FIFO, a device or ``/dev/zero`` is refused
-    with a message, never read; a file over the limit is refused before it is read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RunDirError(f"{what} {path} is a symlink: refused") from None
-        raise RunDirError(f"{what} {path}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RunDirError(f"{what} {path} is {_kind(st.st_mode)}: refused, only a regular file is read")
-        if st.st_size > limit:
-            raise RunDirError(f"{what} {path} is {st.st_size} bytes, over the {limit}-byte limit")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(limit + 1)
-        if len(data) > limit:  # it grew while being read
-            raise RunDirError(f"{what} {path} is over the {limit}-byte limit")
-        return data
-    finally:
-        os.close(fd)
 
 
 def resolve_run(run: str, reports_dir: Path) -> list[Path]:

@@ -31,7 +31,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from drills.durations import Duration
 from drills.halt.spec import HaltCondition
-from drills.scenario_yaml import YamlProblem, load_document
+from drills.inputs import MAX_SCENARIO_BYTES, InputFileError, read_limited
+from drills.scenario_yaml import YamlProblem, key_line, load_document
 from drills.triggers import Trigger
 from injectors.base import registry
 
@@ -442,9 +443,9 @@ class LoadedScenario:
 def load_scenario(path: Path | str) -> LoadedScenario:
     """Parse and validate a scenario file; raise ScenarioError listing every problem with its line."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
+    try:  # bounded, and never a FIFO or a device (/dev/zero would exhaust memory, a FIFO hang)
+        raw = read_limited(path, MAX_SCENARIO_BYTES, "scenario", follow=True)
+    except InputFileError as exc:
         raise ScenarioError(path, [Problem(None, "", f"cannot read scenario: {exc}")]) from exc
     try:
         text = raw.decode("utf-8")
@@ -527,10 +528,13 @@ def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
     node = data
     for part in loc:
         if isinstance(node, CommentedMap) and part in node:
-            line = node.lc.key(part)[0] + 1
+            line = key_line(node, part) or line  # a merged (<<) key: its line in the anchored mapping
             node = node[part]
         elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
-            line = node.lc.item(part)[0] + 1
+            try:
+                line = node.lc.item(part)[0] + 1
+            except (KeyError, TypeError, AttributeError):
+                pass
             node = node[part]
         else:
             break

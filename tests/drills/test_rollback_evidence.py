@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from drills import rollback as rb
 from drills.cli import app
+from drills.inputs import InputFileError
 from drills.journal import Journal, JournalError, read_history
 from drills.procstat import start_ticks
 from drills.rundir import RunDirError, check_run, read_limited, resolve_run
@@ -126,7 +127,7 @@ def test_a_fifo_journal_is_refused_without_blocking(tmp_path, verb):
     os.mkfifo(run / "journal.jsonl")
     with _alarm(10):
         result = CliRunner().invoke(app, [verb, str(run)])
-        with pytest.raises(RunDirError, match="FIFO"):
+        with pytest.raises(InputFileError, match="FIFO"):
             read_limited(run / "journal.jsonl", 1 << 20, "journal")
         assert read_history(run).problems and "FIFO" in read_history(run).problems[0]
     assert result.exit_code == 2 and "FIFO" in result.output
