@@ -80,6 +80,10 @@ class Request(_Data):
     prompt_tokens: int | None = None
 
 
+class Response(_Data):  # beside the checkers' Response: the request table keys it by request_id
+    request_id: Hashable = None
+
+
 class ServiceStopped(_Data):
     service: str = "?"
 
@@ -87,7 +91,7 @@ class ServiceStopped(_Data):
 EVENT_SHAPES: dict[str, type[_Data]] = {
     "run.started": RunStarted, "verdict": Verdict, "fault.fired": FaultFired, "fault.planned": FaultPlanned,
     "fault.verified": FaultVerified, "fault.healed": FaultHealed, "fault.injected": FaultInjected,
-    "request": Request, "service.stopped": ServiceStopped,
+    "request": Request, "response": Response, "service.stopped": ServiceStopped,
 }
 # the report writers (verdict.json's metrics, record.json) also read the checkers' evidence outside the
 # checkers' guard: a verb that writes or builds reports needs both contracts to hold

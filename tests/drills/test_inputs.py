@@ -126,3 +126,14 @@ def test_replay_names_the_scenario_copy_line(tmp_path):
     (run / "scenario.yaml").write_text("name: t\nchaos:\n  faults: 3\n")
     with pytest.raises(ReplayError, match=r"scenario.yaml:3: chaos.faults"):
         plan_replay(run)
+
+
+def test_analyze_names_a_response_whose_request_id_is_an_object(tmp_path):
+    """Found by the run-directory fuzz: the request table (first vs repeat) keys responses by request_id."""
+    run = tmp_path / "run"
+    j = Journal(run)
+    j.append("run.started", run_id="r", name="t", scenario="s.yaml", scenario_model={"name": "t"})
+    j.append("response", prompt_id=0, request_id={"x": 1}, ok=True, token_ids=[1], wave=0, cached_tokens=0)
+    j.close()
+    result = runner.invoke(app, ["analyze", str(run), "--no-write"])
+    assert result.exit_code == 2 and "journal.jsonl:2 (response): request_id" in result.output, result.output
