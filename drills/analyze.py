@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from drills import checkers
 from drills.checkers import effect
 from drills.checkers.base import CheckResult, RunView
+from drills.checkers.evidence import malformed_events
 from drills.decide import EXIT, Decision, decide, overall
 from drills.journal import JOURNAL_NAME, Event, History, gc_paused, read_history
 from drills.report import write_documents
 from drills.report.verdict import verdict_document, verdict_text
+from drills.runread import RunReadError, check_events
 from drills.scenario import ChecksSpec, LoadedScenario, Scenario, ScenarioError, load_scenario
 
 CHECK_NAMES = tuple(ChecksSpec.model_fields)
@@ -76,7 +81,7 @@ def load_run_scenario(run_dir: Path, history: History) -> Scenario:
     """The run's own copy of its scenario; a journal alone (a fixture, a copied file) falls back to
     the scenario model the run journaled when it started."""
     copy = run_dir / "scenario.yaml"
-    if copy.exists():
+    if os.path.lexists(copy):
         try:
             loaded: LoadedScenario = load_scenario(copy)
             return loaded.scenario
@@ -85,7 +90,12 @@ def load_run_scenario(run_dir: Path, history: History) -> Scenario:
     started = history.first("run.started")
     if started is None or "scenario_model" not in started.data:
         raise AnalyzeError(f"{run_dir} has no scenario.yaml and its journal no run.started scenario")
-    return Scenario.model_validate(started.data["scenario_model"])
+    try:
+        return Scenario.model_validate(started.data["scenario_model"])
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise AnalyzeError(f"{JOURNAL_NAME}:{started.seq} (run.started): scenario_model.{where}: {err['msg']}") from None
 
 
 def checked_history(history: History, stored: Event | None) -> History:
@@ -126,6 +136,10 @@ def _analyze(run_dir: Path, names: list[str] | None, *, write: bool, stamp: str 
     started = history.first("run.started")
     if started is None:
         raise AnalyzeError(f"{journal} has no run.started event: not a kvdrill run journal")
+    try:  # what analyze and the report writers index directly: a damaged event is named, not a traceback
+        check_events(history, str(journal))
+    except RunReadError as exc:
+        raise AnalyzeError(str(exc)) from None
     scenario = load_run_scenario(run_dir, history)
     stored_event = history.first("verdict")
     stored = stored_event.data if stored_event else None
@@ -143,7 +157,9 @@ def _analyze(run_dir: Path, names: list[str] | None, *, write: bool, stamp: str 
         if names is not None:
             results = [r for r in results if r.name in names]
     if partial is None or names is not None:
-        judged = effect.assess(RunView(seen)) if names is None else None  # a subset of checks is no drill verdict
+        # a subset of checks is no drill verdict; nor is a journal whose evidence is malformed (the checks
+        # that read it answer error, which decides the verdict; effect.assess reads it unguarded)
+        judged = effect.assess(RunView(seen)) if names is None and not malformed_events(seen) else None
         decision = decide(scenario.expect, *overall(results, judged), results)
     elif stored is not None:  # nothing to re-check: the stored error stands, judged by the same rules
         decision = decide(scenario.expect, stored["verdict"], stored["reason"], results)

@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 from ruamel.yaml import YAML
 
+from drills.inputs import MAX_SCENARIO_BYTES, read_text_limited
 from drills.scenario import ManualStep, load_scenario
 from drills.scenario_yaml import load_document
 from drills.suite import SuiteEntry, SuiteOutcome, run_suite
@@ -55,7 +56,8 @@ def clean_document(source: Path, index: int, reuse_stack: bool) -> dict[str, Any
     steps = [*sc.chaos.actions, *sc.recovery.actions]
     if any(isinstance(s, ManualStep) for s in steps):
         raise CampaignError(f"{source}: has manual (game-day) steps; a campaign runs unattended")
-    doc = json.loads(json.dumps(load_document(source.read_text()).plain))  # builtin types only
+    text = read_text_limited(source, MAX_SCENARIO_BYTES, "scenario")  # what load_scenario just read
+    doc = json.loads(json.dumps(load_document(text).plain))  # builtin types only
     if "matrix" in doc:
         raise CampaignError(f"{source}: is a matrix file; give one scenario")
     doc["name"] = f"{sc.name}--clean-{index + 1:02d}"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from drills.scenario import ScenarioError, json_schema, load_scenario
 
@@ -207,11 +208,12 @@ def rollback(run: str = typer.Argument(..., help="run directory, run id under --
     Idempotent; exit 0 when nothing is left, 1 when something could not be undone."""
     from drills.rollback import live_owner, render, resolve_run
     from drills.rollback import rollback as do_rollback
+    from drills.rundir import RunDirError
 
     try:
         runs = resolve_run(run, reports_dir)
-    except FileNotFoundError as exc:
-        err.print(f"[red]{exc}[/]")
+    except RunDirError as exc:
+        err.print(f"cannot roll back: {exc}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     alive = {r: live_owner(r) for r in runs}
     if not force and any(alive.values()):
@@ -220,7 +222,11 @@ def rollback(run: str = typer.Argument(..., help="run directory, run id under --
                 err.print(f"[red]{r.name} is still being run by kvdrill pid {pid}[/] (it heals itself on Ctrl-C or "
                           "SIGTERM); stop it first, or pass --force")
         raise typer.Exit(2)
-    reports = [do_rollback(r) for r in runs]
+    try:
+        reports = [do_rollback(r) for r in runs]
+    except RunDirError as exc:  # changed between the look-up and the rollback
+        err.print(f"cannot roll back: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
     for r in reports:
         render(r, out)
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
@@ -280,6 +286,17 @@ def _to_operator_desk(run: str, kind: str, *args: str, reports_dir: Path):
         raise typer.Exit(2) from exc
 
 
+def _check_run(run_dir: Path, verb: str, need_journal: bool = True) -> None:
+    """A run directory is evidence, not instructions (drills/rundir.py): exit 2 with why, before reading."""
+    from drills.rundir import RunDirError, check_run
+
+    try:
+        check_run(run_dir, need_journal=need_journal)
+    except RunDirError as exc:
+        err.print(f"cannot {verb}: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+
+
 @app.command()
 def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
             checks: str | None = typer.Option(None, "--checks", help="comma-separated checks to run (default: "
@@ -289,6 +306,7 @@ def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<
     the stored one. Exit status as `kvdrill run` (for the re-computed verdict)."""
     from drills.analyze import analyze_command
 
+    _check_run(run_dir, "analyze")
     raise typer.Exit(analyze_command(run_dir, checks, write=write))
 
 
@@ -301,10 +319,12 @@ def compare(run_a: Path = typer.Argument(..., help="a run directory (reports/<ru
     (whatever they say), 2 when a run has no record and no journal to build one from."""
     from drills.report import compare as cmp
 
+    _check_run(run_a, "compare", need_journal=False)
+    _check_run(run_b, "compare", need_journal=False)
     try:
         a, b = cmp.load(run_a), cmp.load(run_b)
     except cmp.CompareError as exc:
-        err.print(f"[red]cannot compare:[/] {exc}", markup=True, highlight=False)
+        err.print(Text.assemble(("cannot compare: ", "red"), str(exc)), highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
     rows = cmp.compare(a.record, b.record)
     if as_json:
@@ -321,6 +341,7 @@ def replay(run_dir: Path = typer.Argument(..., help="a stored run directory (rep
     before, and compare the verdicts (replay.md in the new run). Exit 0 same verdict, 1 different."""
     from drills.replay import replay as do_replay
 
+    _check_run(run_dir, "replay")
     raise typer.Exit(do_replay(run_dir, reports_dir, err))
 
 

@@ -23,6 +23,7 @@ from ruamel.yaml import YAML
 
 from drills import seeds
 from drills.gameday.pause import CONFIRM_TIMEOUT_S
+from drills.inputs import MAX_STACK_FILE_BYTES, read_text_limited
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario
@@ -88,7 +89,7 @@ class FaultPlan:
 
 def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     ref = sc.stack.ref
-    doc = YAML(typ="safe", pure=True).load(COMPOSE[ref].read_text())
+    doc = YAML(typ="safe", pure=True).load(read_text_limited(COMPOSE[ref], MAX_STACK_FILE_BYTES, "stack file"))
     # local stacks name a program (argv); the container stack a compose command run in its image
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
                 for name, raw in doc["services"].items()}

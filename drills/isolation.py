@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +120,21 @@ class IsolationPolicy:
         return Refusal("host", h, where, why, fix)
 
     def check_url(self, url: str, where: str) -> Refusal | None:
-        host = urlsplit(url).hostname
+        """The host the URL really goes to, parsed as a URL: userinfo (``http://a@b/`` goes to b), a bad
+        port or a control character is refused outright rather than guessed around."""
+        probe = re.sub(r":<[a-z ]+>", ":1", url)  # a dry run's "<free port>" stands for a port
+        try:
+            parts = urlsplit(probe)
+            parts.port  # noqa: B018 - parsing the port is the check
+        except ValueError as exc:
+            return Refusal("host", url, where, f"not a URL ({exc})", "give a plain http(s) URL")
+        if "@" in parts.netloc:
+            return Refusal("host", url, where, "the URL carries userinfo ('user@'), which can send it to another "
+                           "host than it seems to name", "remove the 'user@' part")
+        if any(c.isspace() or ord(c) < 32 for c in probe):
+            return Refusal("host", url, where, "the URL holds whitespace or a control character",
+                           "give a plain http(s) URL")
+        host = parts.hostname
         if not host:
             return Refusal("host", url, where, "the URL names no host", "give a URL with an explicit host")
         return self.check_host(host, where)
@@ -131,7 +146,8 @@ class IsolationPolicy:
     def check_path(self, path: str | Path, where: str) -> Refusal | None:
         p = Path(os.path.abspath(path))  # lexical: a path that does not exist yet (dry-run) still resolves
         real = Path(os.path.realpath(path))
-        for base in [*self.owned.dirs, *self.scenario_paths]:
+        declared = [b for b in self.scenario_paths if system_path(str(b)) is None]  # re-judged: a link may move
+        for base in [*self.owned.dirs, *declared]:
             b = Path(os.path.abspath(base))
             if _inside(p, b) and _inside(real, Path(os.path.realpath(base))):
                 return None
@@ -217,6 +233,37 @@ def owned_by_stack(stack: Any) -> Owned:
         addrs |= {str(netns.ns_addr), str(netns.host_addr)}
     pgids = {svc.pid for svc in stack.driver.services.values()}
     return Owned(dirs=dirs, netns_addrs=addrs, pgids=pgids)
+
+
+# System directories: neither they nor anything under them is ever a test target (a fault there reaches the
+# machine, not a test). Every top-level directory whose name starts with "lib" counts (/lib, /lib64, ...).
+SYSTEM_DIRS = ("/etc", "/root", "/proc", "/sys", "/dev", "/boot", "/usr", "/bin", "/sbin", "/snap", "/efi",
+               "/lost+found", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/mail", "/var/backups",
+               "/run/netns", "/run/systemd", "/run/lock")
+# Too wide to hand over whole, though a test's own directory below them is fine (/tmp/my-target).
+TOO_WIDE = ("/", "/home", "/tmp", "/var", "/var/tmp", "/run", "/mnt", "/media", "/srv", "/opt")
+
+
+def system_path(path: str) -> str | None:
+    """Why ``path`` may not be a declared target, or None. Judged twice: as written (normalized) and
+    as it resolves now (symlinks followed, so a link to ``/`` or into ``/etc`` is what it points at)."""
+    if "\0" in path:
+        return "it holds a NUL byte"
+    if not path.startswith("/"):
+        return "it is not absolute"
+    if ".." in path.split("/"):
+        return "it uses '..'"
+    for form in (os.path.normpath(path), os.path.realpath(path)):
+        form = "/" + form.lstrip("/")  # normpath keeps a leading '//'
+        if form in TOO_WIDE:
+            return f"{form} is too wide: name the test target's own directory under it"
+        top = form.split("/")[1]
+        for sysdir in SYSTEM_DIRS:
+            if form == sysdir or form.startswith(sysdir + "/"):
+                return f"{form} is (inside) the system directory {sysdir}"
+        if top.startswith("lib"):
+            return f"{form} is (inside) the system directory /{top}"
+    return None
 
 
 def read_cmdline(pid: int) -> tuple[str, ...] | None:

@@ -8,10 +8,12 @@ a torn last line (a crash mid-write) and reports, never raises on, undecodable l
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,13 +37,30 @@ class Event:
         return f"{JOURNAL_NAME}#{self.seq}"
 
 
+class JournalError(OSError):
+    """The journal cannot be opened for appending as a regular file of the run."""
+
+
 class Journal:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / JOURNAL_NAME
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._seq = sum(1 for _ in self.path.open("rb")) if self.path.exists() else 0
-        self._fh = self.path.open("a", encoding="utf-8")
-        if _torn(self.path):
+        # never through a symlink, never a FIFO or device: a planted link would send the events (a
+        # rollback's, run as root) into the link's target, and a FIFO would block the open for ever
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise JournalError(f"cannot open {self.path} for appending: {exc.strerror}"
+                               + (" (it is a symlink)" if exc.errno == errno.ELOOP else "")) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise JournalError(f"{self.path} is not a regular file: refused")
+        os.set_blocking(fd, True)
+        with open(os.dup(fd), "rb") as reader:
+            self._seq = sum(1 for _ in reader)
+        self._fh = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - held for the journal's life, closed by close()
+        if _torn(self._fh.fileno()):
             # a crash mid-write left a line without its newline: end it, so the next event (a rollback's)
             # gets its own line instead of being glued to the torn one (the reader reports that one only)
             self._fh.write("\n")
@@ -82,22 +101,22 @@ class History:
         return next(self.of_type(type), None)
 
 
-def _torn(path: Path) -> bool:
-    with path.open("rb") as fh:
-        if fh.seek(0, os.SEEK_END) == 0:
-            return False
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) != b"\n"
+def _torn(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
 def read_history(path: Path) -> History:
     if path.is_dir():
         path = path / JOURNAL_NAME
+    from drills.inputs import InputFileError, read_limited
+    from drills.rundir import MAX_JOURNAL_BYTES
+
     history = History()
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        history.problems.append(f"{path}: cannot read journal: {exc}")
+    try:  # a FIFO, a device or a symlink is refused, never opened blocking or followed
+        raw = read_limited(path, MAX_JOURNAL_BYTES, "journal")
+    except InputFileError as exc:
+        history.problems.append(f"cannot read journal: {exc}")
         return history
     # One parse of the whole journal as a JSON array is much cheaper than one per line on a
     # 100,000-request run (bench/analyze.py). It only counts when it yields one object per line (a

@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import ValidationError
 from ruamel.yaml import YAML
 
+from drills.inputs import MAX_SCENARIO_BYTES, InputFileError, read_text_limited
 from drills.scenario import (
     LoadedScenario,
     Problem,
@@ -78,9 +79,9 @@ def _plain(doc: dict[str, Any]) -> dict[str, Any]:
 
 def is_matrix_file(path: Path) -> bool:
     """A YAML file whose top level has ``matrix:`` (an unreadable file is left to the scenario loader)."""
-    try:
-        plain = load_document(path.read_text()).plain
-    except (OSError, UnicodeDecodeError, YamlProblem):
+    try:  # bounded and non-blocking: `validate` asks this first, of any file it is given
+        plain = load_document(read_text_limited(path, MAX_SCENARIO_BYTES, "scenario")).plain
+    except (InputFileError, YamlProblem):
         return False
     return isinstance(plain, dict) and "matrix" in plain
 
@@ -128,10 +129,10 @@ def expand(path: Path) -> list[Variant]:
     """The base and its one-at-a-time variants, each validated; ScenarioError lists every problem."""
     path = Path(path)
     try:
-        document = load_document(path.read_text())
+        document = load_document(read_text_limited(path, MAX_SCENARIO_BYTES, "matrix file"))
     except YamlProblem as exc:
         raise ScenarioError(path, [Problem(exc.line, "", exc.message)]) from exc
-    except (OSError, UnicodeDecodeError) as exc:
+    except InputFileError as exc:
         raise ScenarioError(path, [Problem(None, "", f"cannot read matrix file: {exc}")]) from exc
     tree, plain = document.tree, document.plain
     problems: list[Problem] = []

@@ -20,3 +20,10 @@ def stat_fields(pid: int | str) -> list[str] | None:
     except OSError:
         return None
     return text[text.rfind(")") + 2:].split()
+
+
+def start_ticks(pid: int | str) -> str | None:
+    """The process's start time in clock ticks since boot: with the pid it names one process for the
+    machine's uptime, so a record can tell its own process from a later one that got the same pid."""
+    fields = stat_fields(pid)
+    return fields[START_TIME] if fields else None

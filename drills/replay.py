@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,10 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
+from drills.inputs import MAX_SCENARIO_BYTES, read_text_limited
 from drills.journal import History, read_history
-from drills.scenario import LoadedScenario, parse_scenario
+from drills.runread import RunReadError, VerdictDoc, check_events, read_json_doc
+from drills.scenario import LoadedScenario, ScenarioError, load_scenario, parse_scenario
 
 
 class ReplayError(RuntimeError):
@@ -87,10 +90,19 @@ def plan_replay(run_dir: Path) -> ReplayPlan:
     copy = run_dir / "scenario.yaml"
     history = read_history(run_dir)
     started = history.first("run.started")
-    if started is None or not copy.is_file():
+    if started is None or not os.path.lexists(copy):
         raise ReplayError(f"{run_dir} is not a stored run (needs journal.jsonl with run.started and scenario.yaml)")
+    # the copy and the journal are checked before the copy is edited: a damaged run is named by file and
+    # line, never a traceback half-way through the edit
+    try:
+        load_scenario(copy)
+        check_events(history, str(run_dir / "journal.jsonl"))
+    except ScenarioError as exc:
+        raise ReplayError(f"the run's scenario copy does not validate:\n{exc.render()}") from None
+    except RunReadError as exc:
+        raise ReplayError(str(exc)) from None
     yaml = YAML(typ="rt", pure=True)
-    data = yaml.load(copy.read_text(encoding="utf-8"))
+    data = yaml.load(read_text_limited(copy, MAX_SCENARIO_BYTES, "scenario", follow=False))
     plan = ReplayPlan(source=run_dir, seed=int(started.data.get("seed", data.get("seed", 0))), text="")
     data["seed"] = plan.seed
     faults = (data.get("chaos") or {}).get("faults") or []
@@ -200,8 +212,8 @@ def replay(run_dir: Path, reports_dir: Path | None, console) -> int:
 
     try:
         plan = plan_replay(run_dir)
-        stored = json.loads((plan.source / "verdict.json").read_text())
-    except (ReplayError, OSError, ValueError) as exc:
+        stored = read_json_doc(plan.source / "verdict.json", VerdictDoc)
+    except (ReplayError, RunReadError, OSError, ValueError) as exc:
         print(f"cannot replay {run_dir}: {exc}")
         return 2
     # the replay's scenario lives beside the stored run it came from: the new run copies it as its own

@@ -12,24 +12,39 @@ filesystem before the one it sits on), then its network namespace, then its serv
 Every step is idempotent and says whether it undid something or found it already healed; a second
 rollback finds nothing left. The outcome is appended to the run's journal (``rollback.*``); a run that
 never reached a verdict gets one: ABORTED, crashed.
+
+A journal is evidence, not instructions (``drills/rundir.py`` checks the directory and its journal
+first). Each record is checked against what the run itself made before it is acted on (:class:`RunState`):
+a path must lie under the run's own directories (symlinks followed) or be a file whose recorded digest
+matches; a process group's leader must carry the run's ``KVDRILL_RUN`` tag, or its recorded command
+line and start time; a mount must lie under the run's directories and still be the filesystem it made
+(``diskfs``/``faultfs`` check the mount table); a namespace must be one the run recorded, and the same
+one (by inode) when the run recorded it; HTTP goes only to loopback. A record that fails its check is
+reported as "not undone: why" and never acted on; a malformed one (a ``pgid`` that is an object) is
+the same: rollback is best effort per record and always ends with ``rollback.finished`` and a verdict.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from ipaddress import ip_network
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+from drills import rundir
+from drills.digest import sha256_file
 from drills.journal import JOURNAL_NAME, Event, History, Journal, read_history
-from drills.procstat import STATE, stat_fields
+from drills.procstat import STATE, start_ticks, stat_fields
 from drills.stack import diskfs, faultfs
-from drills.stack.netns import NetNamespace, NetnsError
-from drills.stack.process import group_members, leader_runs, remove_shm_of, tagged_pids
+from drills.stack.netns import NetNamespace
+from drills.stack.process import group_members, leader_runs, tagged_pids
 from injectors.base import HealReport
 
 Status = Literal["undone", "already_healed", "failed"]
@@ -101,19 +116,345 @@ UNDO: dict[str, Callable[[dict[str, Any]], HealReport]] = {
 }
 
 
-def _undo_faults(history: History, report: RollbackReport, argv_of: dict[int, list[str]]) -> None:
+# --- what the run itself made: every record is checked against this before it acts ----------------------
+
+_NETNS_NAME = re.compile(r"^kvd-[0-9a-f]{8}$")
+
+
+def _str_path(value: Any) -> Path | None:
+    """An absolute path from a record, or None for anything else (not a string, relative, a NUL byte)."""
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        return None
+    return Path(value)
+
+
+def _pid(value: Any) -> int | None:
+    return value if type(value) is int and value > 1 else None  # never 0, 1, a bool or an object
+
+
+@dataclass
+class RunState:
+    """What the run directory proves the run made, read once before any undo."""
+
+    run_dir: Path
+    roots: list[Path]  # the run directory and the stack directories linked from it (resolved)
+    tags: set[str]  # the KVDRILL_RUN values its services carry
+    projects: set[str]  # compose projects it recorded
+    netns: dict[str, dict[str, Any]]  # namespace name -> its newest record (netns.created over netns.planned)
+    named: set[tuple[int, tuple[str, ...]]]  # targets.processes of its scenario: (pid, cmdline)
+    started_ts: float | None
+    groups: dict[int, str] = field(default_factory=dict)  # verified service groups: pgid -> label
+
+    def inside(self, value: Any, *, follow: bool = True, roots: list[Path] | None = None) -> bool:
+        """``value`` is an absolute path under one of the run's directories. ``follow``: symlinks
+        resolved to the end (a link inside the run that points at /etc is /etc); otherwise only the
+        parent is resolved, so a mountpoint is judged without asking a possibly stuck filesystem."""
+        path = _str_path(value)
+        if path is None or ".." in path.parts:
+            return False
+        real = Path(os.path.realpath(path)) if follow else Path(os.path.realpath(path.parent)) / path.name
+        return any(real == r or real.is_relative_to(r) for r in (self.roots if roots is None else roots))
+
+
+def _linked_stack_dirs(run_dir: Path, claimed: set[Any]) -> dict[str, Path]:
+    """The stack directories the journal names that the run directory really links to (a suite's run
+    shows its stack's ``logs``/``stack`` through symlinks) and that the invoking user owns."""
+    links = {}
+    for name in ("stack", "logs"):
+        link = run_dir / name
+        if link.is_symlink():
+            links[name] = Path(os.path.realpath(link))
+    found: dict[str, Path] = {}
+    for value in claimed:
+        path = _str_path(value)
+        if path is None:
+            continue
+        real = Path(os.path.realpath(path))
+        if real == run_dir:
+            found[value] = real
+            continue
+        if any(links.get(name) == real / name for name in links):
+            try:
+                owned = os.lstat(real).st_uid == os.geteuid()
+            except OSError:
+                owned = False
+            if owned:
+                found[value] = real
+    return found
+
+
+def run_state(run_dir: Path, history: History) -> RunState:
+    claimed = {e.data.get("tag") for e in history.of_type("service.started")}
+    claimed |= {e.data.get("stack_dir") for e in history.of_type("stack.fresh", "stack.reused", "stack.repairing")}
+    linked = _linked_stack_dirs(run_dir, {c for c in claimed if isinstance(c, str)})
+    roots = [run_dir, *sorted(set(linked.values()) - {run_dir})]
+    netns: dict[str, dict[str, Any]] = {}
+    for e in history.of_type("netns.planned", "netns.created"):
+        if isinstance(e.data.get("name"), str):
+            netns[e.data["name"]] = {**netns.get(e.data["name"], {}), **e.data, "_created": e.type == "netns.created"}
+    started = history.first("run.started")
+    return RunState(run_dir=run_dir, roots=roots, tags={str(run_dir), *linked}, netns=netns,
+                    projects={p for e in history.of_type("docker.project_created")
+                              if isinstance(p := e.data.get("project"), str)},
+                    named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
+
+
+def _named_processes(run_dir: Path, started: Event | None) -> set[tuple[int, tuple[str, ...]]]:
+    """The processes the run's scenario let it touch (``targets.processes``): from the journaled model
+    (written before any fault), else the run's copy of the scenario."""
+    model = (started.data.get("scenario_model") if started else None) or {}
+    targets = model.get("targets") if isinstance(model, dict) else None
+    if not isinstance(targets, dict):
+        try:
+            from drills.scenario import load_scenario
+
+            targets = load_scenario(run_dir / "scenario.yaml").scenario.targets.model_dump(mode="json")
+        except Exception:  # noqa: BLE001 - no readable scenario: no outside process is the run's
+            return set()
+    out = set()
+    for p in targets.get("processes") or []:
+        if isinstance(p, dict) and _pid(p.get("pid")) and isinstance(p.get("cmdline"), list):
+            out.add((p["pid"], tuple(str(a) for a in p["cmdline"])))
+    return out
+
+
+def verify_group(pgid: Any, argv: Any, ticks: Any, tagged: dict[int, str]) -> tuple[Status | None, str]:
+    """Whether the group ``pgid`` is provably the one the run started: its leader carries the run's tag,
+    or runs the recorded command line *and* started at the recorded time. Returns (None, "") when it is;
+    ("already_healed", why) when the leader is gone or runs another command (the run's group is gone, a
+    recycled pid is someone else's); ("failed", why) when it looks like the run's but cannot be proved."""
+    pg = _pid(pgid)
+    if pg is None:
+        return "failed", f"pgid {str(pgid)[:60]!r} is not a process id"
+    if pg in tagged:
+        return None, ""
+    if stat_fields(pg) is None:
+        return "already_healed", f"group {pg} has no leader any more"
+    if isinstance(argv, list) and argv and leader_runs(pg, [str(a) for a in argv]):
+        if isinstance(ticks, str) and ticks == start_ticks(pg):
+            return None, ""
+        return "failed", (f"pid {pg} runs the recorded command but carries no KVDRILL_RUN tag of this run, and "
+                          + ("started at another time (a recycled pid)" if isinstance(ticks, str)
+                             else "no start time was recorded") + ": not signalled")
+    if isinstance(argv, list) and argv:
+        return "already_healed", f"pid {pg} no longer runs the recorded command (a recycled pid): not signalled"
+    return "failed", f"pid {pg} carries no KVDRILL_RUN tag of this run and no command was recorded: not signalled"
+
+
+def _loopback_url(value: Any) -> str | None:
+    """None when ``value`` is an http URL to a loopback address without credentials; else why not."""
+    if not isinstance(value, str):
+        return "url is not a string"
+    try:
+        url = urlsplit(value)
+        host, _ = url.hostname, url.port
+    except ValueError as exc:
+        return f"url {value!r}: {exc}"
+    if url.scheme not in ("http", "https") or url.username is not None or url.password is not None:
+        return f"url {value!r}: only http to loopback, without credentials"
+    try:
+        loop = host is not None and ip_address(host).is_loopback
+    except ValueError:
+        loop = host == "localhost"
+    return None if loop else f"url {value!r} is not a loopback address"
+
+
+def _docker_host_ok(value: Any) -> str | None:
+    if isinstance(value, str) and value.startswith("unix:///") and "\0" not in value:
+        return None
+    if isinstance(value, str) and value.startswith("tcp://") and _loopback_url("http://" + value[6:]) is None:
+        return None
+    return f"docker host {str(value)[:80]!r} is neither a unix socket nor loopback"
+
+
+def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
+    """kv_corrupt: a chunk is written back only from a backup inside the run whose bytes have the
+    recorded digest, onto a path inside the run's directories or the L2 volume of a project it made."""
+    if not isinstance(entries, list):
+        return [], [f"restore is {type(entries).__name__}, not a list of files"]
+    from drills.stack.docker_sandbox import l2_volume_dir
+
+    volumes = [Path(os.path.realpath(l2_volume_dir(p))) for p in sorted(state.projects)]
+    good, bad = [], []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            bad.append(f"restore entry {str(entry)[:60]!r} is not an object")
+            continue
+        path, backup, digest = entry.get("path"), entry.get("backup"), entry.get("sha256")
+        if not (state.inside(path) or (volumes and state.inside(path, roots=volumes))):
+            bad.append(f"{str(path)[:120]}: not under the run's directories")
+        elif not state.inside(backup):
+            bad.append(f"{path}: backup {str(backup)[:120]} is not under the run's directories")
+        elif not isinstance(digest, str) or not os.path.isfile(backup) or sha256_file(Path(backup)) != digest:
+            bad.append(f"{path}: backup {backup} does not have the recorded sha256")
+        else:
+            good.append(entry)
+    return good, bad
+
+
+def _vet_disk(rec: Any, state: RunState) -> str | None:
+    if not isinstance(rec, dict):
+        return "undo is not an object"
+    bad = [p for p in rec.get("probes") or [] if not state.inside(p)]
+    if not isinstance(rec.get("probes") or [], list) or bad:
+        return f"probe(s) {bad!r} not under the run's directories"
+    if rec.get("kind") == "errno":
+        return _vet_faultfs(rec.get("faultfs"), state) or (
+            None if isinstance(rec.get("rule_ids"), list) and all(isinstance(r, str) for r in rec["rule_ids"])
+            else "rule_ids is not a list of names")
+    if rec.get("kind") not in ("readonly", "shrink", "fill", "full", "inodes"):
+        return f"unknown disk fault kind {str(rec.get('kind'))[:40]!r}"
+    if rec.get("kind") == "readonly" and not state.inside(rec.get("target"), follow=False):
+        return f"read-only target {str(rec.get('target'))[:120]} is not under the run's directories"
+    if rec.get("kind") == "shrink" and type(rec.get("size_bytes")) is not int:
+        return "size_bytes is not an integer"
+    return _vet_runfs(rec.get("fs"), state)
+
+
+def _vet_runfs(fs: Any, state: RunState) -> str | None:
+    """A run filesystem's record: its mountpoint, owner root and image all inside the run."""
+    if not isinstance(fs, dict):
+        return "filesystem record is not an object"
+    for key in ("mountpoint", "owned_root"):
+        if not state.inside(fs.get(key), follow=False):
+            return f"filesystem {key} {str(fs.get(key))[:120]} is not under the run's directories"
+    if fs.get("image") is not None and not state.inside(fs.get("image")):
+        return f"filesystem image {str(fs.get('image'))[:120]} is not under the run's directories"
+    if fs.get("kind") not in ("tmpfs", "ext4") or not isinstance(fs.get("fs_id"), str):
+        return "filesystem record has no kind (tmpfs, ext4) or fs_id"
+    return None
+
+
+def _vet_faultfs(ffs: Any, state: RunState) -> str | None:
+    if not isinstance(ffs, dict):
+        return "fault filesystem record is not an object"
+    for key in ("mountpoint", "owned_root", "control", "log", "backing"):
+        if not state.inside(ffs.get(key), follow=False):
+            return f"fault filesystem {key} {str(ffs.get(key))[:120]} is not under the run's directories"
+    if ffs.get("out") and not state.inside(ffs["out"], follow=False):
+        return f"fault filesystem out {str(ffs['out'])[:120]} is not under the run's directories"
+    if not isinstance(ffs.get("fsname"), str) or (ffs.get("pid") is not None and _pid(ffs["pid"]) is None):
+        return "fault filesystem record has no fsname, or a pid that is not one"
+    return _vet_runfs(ffs["backing_fs"], state) if ffs.get("backing_fs") else None
+
+
+def _vet_netns_name(name: Any, state: RunState) -> str | None:
+    if not isinstance(name, str) or not _NETNS_NAME.match(name):
+        return f"namespace {str(name)[:60]!r} is not a kvd-<8 hex> name"
+    if name not in state.netns:
+        return f"namespace {name} was not recorded by this run (netns.planned)"
+    from drills.stack.netns import NETNS_DIR
+
+    recorded = state.netns[name].get("inode")
+    if isinstance(recorded, int):
+        try:
+            now = os.stat(NETNS_DIR / name).st_ino
+        except OSError:
+            return None  # gone: nothing will be done to it
+        if now != recorded:
+            return f"namespace {name} is not the one this run made (inode {now}, recorded {recorded})"
+    return None
+
+
+def _vet_network(rec: Any, state: RunState) -> str | None:
+    if not isinstance(rec, dict):
+        return "undo is not an object"
+    if rec.get("backend") == "kernel":
+        return _vet_netns_name(rec.get("netns"), state)
+    if not isinstance(rec.get("proxy"), str) or not isinstance(rec.get("remove_toxics", []), list):
+        return "proxy is not a name, or remove_toxics not a list"
+    return _loopback_url(rec.get("url"))
+
+
+def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dict[int, list[str]]) -> str | None:
+    if not isinstance(rec, dict):
+        return "undo is not an object"
+    if rec.get("action") != "cont":
+        return None  # nothing is signalled: the undo only reports
+    if rec.get("container_id"):
+        if rec.get("docker_host") is None or not isinstance(rec.get("container_id"), str):
+            return "container record without a docker host"
+        return _docker_host_ok(rec.get("docker_host"))
+    pgid = rec.get("pgid")
+    if _pid(pgid) is None:
+        return f"pgid {str(pgid)[:60]!r} is not a process id"
+    if pgid in state.groups or pgid in tagged:
+        return None
+    if stat_fields(pgid) is None:
+        return None  # gone: the undo reports it and signals nothing
+    argv = argv_of.get(pgid)
+    if argv and not leader_runs(pgid, argv):
+        return None  # the undo, given this argv, says the leader runs another command and signals nothing
+    return f"group {pgid} is not one the run started (its leader carries no KVDRILL_RUN tag of this run)"
+
+
+def _vet_named(rec: Any, state: RunState) -> str | None:
+    if not isinstance(rec, dict):
+        return "undo is not an object"
+    if rec.get("action") != "cont":
+        return None
+    pid, cmdline = rec.get("pid"), rec.get("cmdline")
+    if _pid(pid) is None or not isinstance(cmdline, list):
+        return "pid or cmdline malformed"
+    if (pid, tuple(str(a) for a in cmdline)) not in state.named:
+        return f"pid {pid} with that command line is not in the run's targets.processes"
+    ticks = rec.get("start_ticks")
+    if isinstance(ticks, str) and stat_fields(pid) is not None and ticks != start_ticks(pid):
+        return f"pid {pid} started at another time than the process the fault stopped (a recycled pid)"
+    return None
+
+
+def _vet_model(rec: Any, state: RunState) -> str | None:
+    from drills.stack.sandbox import served_dir
+
+    if not isinstance(rec, dict):
+        return "undo is not an object"
+    ours = {served_dir(Path(t)) for t in state.tags}
+    served = _str_path(rec.get("served_model_dir"))
+    if served is None or served not in ours:
+        return f"served_model_dir {str(rec.get('served_model_dir'))[:120]} is not this run's served directory"
+    weights = _str_path(rec.get("weights"))
+    if weights is None or not weights.is_file():
+        return f"weights {str(rec.get('weights'))[:120]} is not a file"
+    return None
+
+
+def vet_fault(family: str, data: dict[str, Any], state: RunState, tagged: dict[int, str],
+              argv_of: dict[int, list[str]]) -> str | None:
+    """Why this fault.undo record must not be acted on, or None. kv_corrupt is vetted per file."""
+    rec = data.get("undo")
+    if family in ("process", "store"):
+        return _vet_process(rec, state, tagged, argv_of)
+    return {"disk": _vet_disk, "network": _vet_network, "named_process": _vet_named,
+            "model": _vet_model}.get(family, lambda r, s: None)(rec, state)
+
+
+def _undo_faults(history: History, report: RollbackReport, state: RunState, tagged: dict[int, str],
+                 argv_of: dict[int, list[str]]) -> None:
     healed = {e.data.get("fault_id") for e in history.of_type("fault.healed")}
     for event in reversed(list(history.of_type("fault.undo"))):
         data, fid = dict(event.data), event.data.get("fault_id", f"#{event.seq}")
+        fid = fid if isinstance(fid, str) else f"#{event.seq}"
         step = f"fault {fid}" + (" (healed by the run)" if fid in healed else "")
         family = data.get("injector", "")
-        if family in ("process", "store") and isinstance(data.get("undo"), dict) and "argv" not in data["undo"]:
-            data["undo"] = {**data["undo"], "argv": argv_of.get(data["undo"].get("pgid"), [])}
-        undo = UNDO.get(family)
-        if undo is None:
-            report.items.append(Item(step, "failed", f"no undo for injector family {family!r} ({event.ref})"))
-            continue
+        family = family if isinstance(family, str) else repr(family)[:40]
         try:
+            if family == "kv_corrupt":
+                good, bad = _vet_restore(data.get("restore"), state)
+                report.items += [Item(step, "failed", f"not undone: {why} ({event.ref})") for why in bad]
+                data["restore"] = good
+            else:
+                why = vet_fault(family, data, state, tagged, argv_of)
+                if why is not None:
+                    report.items.append(Item(step, "failed", f"not undone: {why} ({event.ref})"))
+                    continue
+            if family in ("process", "store") and isinstance(data.get("undo"), dict) and "argv" not in data["undo"]:
+                pgid = data["undo"].get("pgid")
+                data["undo"] = {**data["undo"], "argv": argv_of.get(pgid, []) if _pid(pgid) else []}
+            undo = UNDO.get(family)
+            if undo is None:
+                report.items.append(Item(step, "failed", f"no undo for injector family {family!r} ({event.ref})"))
+                continue
             report.add(step, undo(data))
         except Exception as exc:  # noqa: BLE001 - one fault that cannot be undone must not stop the others
             report.items.append(Item(step, "failed", f"{family} undo from {event.ref}: {type(exc).__name__}: {exc}"))
@@ -137,28 +478,28 @@ def _signal(target: int, sig: int, group: bool) -> None:
         pass
 
 
-def stack_tags(run_dir: Path, history: History) -> set[str]:
-    """The ``KVDRILL_RUN`` values the run's services carry: its stack directories."""
-    tags = {str(run_dir)}
-    tags |= {e.data["tag"] for e in history.of_type("service.started") if e.data.get("tag")}
-    # a suite's run may have started its stack (stack.fresh) or used one an earlier drill left (stack.reused)
-    tags |= {e.data["stack_dir"] for e in history.of_type("stack.fresh", "stack.reused", "stack.repairing")
-             if e.data.get("stack_dir")}
-    return tags
-
-
-def _stop_processes(run_dir: Path, history: History, report: RollbackReport, grace: float) -> None:
-    tags = stack_tags(run_dir, history)
-    tagged = tagged_pids(tags)
-    groups: dict[int, str] = {}  # pgid -> service, for groups whose leader is provably ours
+def verify_groups(history: History, state: RunState, tagged: dict[int, str], report: RollbackReport) -> None:
+    """Fill ``state.groups`` with the recorded service groups that are provably the run's; a recorded
+    group that is not is reported ("not undone: why") and never signalled."""
     for e in history.of_type("service.started"):
         pgid, name = e.data.get("pgid", e.data.get("pid")), e.data.get("service", "?")
-        if not pgid:
+        if pgid is None or (_pid(pgid) is not None and pgid in state.groups):
             continue
-        if leader_runs(pgid, e.data.get("argv") or []) or pgid in tagged:
-            groups[pgid] = f"{name} (group {pgid})"
-        elif not any(_alive(p) for p in group_members(pgid)):
+        if _pid(pgid) is not None and not any(_alive(p) for p in group_members(pgid)):
             report.items.append(Item("process", "already_healed", f"{name} group {pgid} is gone"))
+            continue
+        status, why = verify_group(pgid, e.data.get("argv"), e.data.get("start_ticks"), tagged)
+        if status is None:
+            state.groups[pgid] = f"{name} (group {pgid})"
+        elif status == "failed":
+            report.items.append(Item("process", "failed", f"not undone: {name}: {why} ({e.ref})"))
+        elif stat_fields(pgid) is not None:  # a dead leader's tagged children are stopped one by one below
+            report.items.append(Item("process", "already_healed", f"{name}: {why}"))
+
+
+def _stop_processes(history: History, report: RollbackReport, state: RunState, tagged: dict[int, str],
+                    grace: float) -> None:
+    groups = dict(state.groups)  # pgid -> service, for groups whose leader is provably ours
     singles: dict[int, str] = {}  # tagged processes outside a verified group (started before their record)
     for pid in tagged:
         try:
@@ -172,7 +513,7 @@ def _stop_processes(run_dir: Path, history: History, report: RollbackReport, gra
         else:
             singles[pid] = f"unrecorded process {pid} (KVDRILL_RUN tag)"
     if not groups and not singles:
-        _remove_shm(_recorded_pids(history), report)
+        _remove_shm(_recorded_pids(history), report, state)
         return
     members = {pg: group_members(pg) | {pg} for pg in groups}
     every = set(singles) | {p for m in members.values() for p in m}
@@ -201,7 +542,7 @@ def _stop_processes(run_dir: Path, history: History, report: RollbackReport, gra
         left = [p for p in (group_members(target) if target in groups else {target}) if _alive(p)]
         report.items.append(Item("process", "failed" if left else "undone",
                                  f"{label}: " + (f"pids {left} still alive" if left else f"stopped ({', '.join(sent[target])})")))
-    _remove_shm(every | _recorded_pids(history), report)
+    _remove_shm(every | _recorded_pids(history), report, state)
 
 
 def _remove_projects(history: History, report: RollbackReport) -> None:
@@ -211,6 +552,10 @@ def _remove_projects(history: History, report: RollbackReport) -> None:
     for event in history.of_type("docker.project_created"):
         project, host = event.data.get("project"), event.data.get("docker_host")
         if not project or not host:
+            continue
+        why = _docker_host_ok(host) or (None if isinstance(project, str) else "project is not a name")
+        if why is not None:
+            report.items.append(Item("containers", "failed", f"not undone: {why} ({event.ref})"))
             continue
         try:
             import docker
@@ -230,23 +575,40 @@ def _remove_projects(history: History, report: RollbackReport) -> None:
 def _recorded_pids(history: History) -> set[int]:
     """Every pid the journal says belonged to the run: service leaders, stopped groups, fault targets (a
     process fault records the group's members, so a group it killed before the crash still names them)."""
-    pids: set[int] = set()
+    pids: list[Any] = []
     for e in history.of_type("service.started", "service.stopped"):
-        pids |= {e.data.get("pid")} | set(e.data.get("group") or [])
+        pids += [e.data.get("pid"), *_list(e.data.get("group"))]
     for e in history.of_type("fault.planned"):
-        for t in e.data.get("targets") or []:
+        for t in _list(e.data.get("targets")):
             if isinstance(t, dict):
-                pids |= set(t.get("members") or []) | {t.get("pgid")}
-    return {p for p in pids if isinstance(p, int)}
+                pids += [*_list(t.get("members")), t.get("pgid")]
+    return {p for p in pids if _pid(p) is not None}
 
 
-def _remove_shm(pids: set[int], report: RollbackReport) -> None:
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _remove_shm(pids: set[int], report: RollbackReport, state: RunState) -> None:
     """LMCache's ``lmcache_kv_<pid>_*`` and OpenMP's files named after a dead process of the run (a live
-    pid may have been recycled by someone else: its files are not ours); unnamed files are never touched."""
+    pid may have been recycled by someone else: its files are not ours); unnamed files are never touched.
+    A segment is the run's only when the invoking user owns it and it was made after the run started (a
+    pid is reused across runs; the segment of an older process of that number belongs to someone else)."""
+    from drills.observe.shm import named_after
+
     dead = {p for p in pids if not _alive(p)}
-    existed = {p.name for p in Path("/dev/shm").iterdir()}
-    for seg in remove_shm_of(dead, existed_before=existed):
-        report.items.append(Item("shm", "undone", f"removed /dev/shm/{seg['segment']} ({seg['bytes']} bytes)"))
+    since = (state.started_ts or 0.0) - 5.0
+    for path in named_after(dead):
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_ctime < since:
+                report.items.append(Item("shm", "failed", f"not undone: /dev/shm/{path.name} is not the run's "
+                                         "(another owner, not a plain file, or older than the run)"))
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        report.items.append(Item("shm", "undone", f"removed /dev/shm/{path.name} ({st.st_size} bytes)"))
 
 
 def _living(groups: dict[int, str], singles: dict[int, str]) -> bool:
@@ -259,32 +621,44 @@ def _as_report(done: dict[str, list[str]]) -> HealReport:
     return HealReport(undone=list(done.get("undone", [])), already_healed=list(done.get("already_gone", [])))
 
 
-def _remove_filesystems(history: History, report: RollbackReport) -> None:
+def _remove_filesystems(history: History, report: RollbackReport, state: RunState) -> None:
     # newest first: the fault filesystem is planned after the filesystem it sits on
     for event in reversed(list(history.of_type("stack.l2_fs.planned"))):
         try:
             if "faultfs" in event.data:
-                report.add("filesystem", _as_report(faultfs.undo(event.data["faultfs"])))
+                why = _vet_faultfs(event.data["faultfs"], state)
+                if why is not None:
+                    report.items.append(Item("filesystem", "failed", f"not undone: {why} ({event.ref})"))
+                else:
+                    report.add("filesystem", _as_report(faultfs.undo(event.data["faultfs"])))
             if "filesystem" in event.data:
-                report.add("filesystem", _as_report(diskfs.undo(event.data["filesystem"])))
+                why = _vet_runfs(event.data["filesystem"], state)
+                if why is not None:
+                    report.items.append(Item("filesystem", "failed", f"not undone: {why} ({event.ref})"))
+                else:
+                    report.add("filesystem", _as_report(diskfs.undo(event.data["filesystem"])))
         except Exception as exc:  # noqa: BLE001
             report.items.append(Item("filesystem", "failed", f"{event.ref}: {type(exc).__name__}: {exc}"))
 
 
-def _delete_namespaces(history: History, report: RollbackReport) -> None:
+def _delete_namespaces(history: History, report: RollbackReport, state: RunState | None = None) -> None:
     seen: set[str] = set()
     for event in history.of_type("netns.planned", "netns.created"):
         name = event.data.get("name")
-        if not name or name in seen:
+        if not name or not isinstance(name, str) or name in seen:
             continue
         seen.add(name)
-        ns = NetNamespace(name=name, subnet=ip_network(event.data["subnet"]))
         try:
+            why = _vet_netns_name(name, state) if state is not None else None
+            if why is not None:
+                report.items.append(Item("netns", "failed", f"not undone: {why} ({event.ref})"))
+                continue
+            ns = NetNamespace(name=name, subnet=ip_network(event.data["subnet"]))
             done = ns.delete()
             report.items.append(Item("netns", "undone" if done["existed"] else "already_healed",
                                      f"namespace {name} " + ("deleted" if done["existed"] else "already gone")))
-        except (NetnsError, OSError) as exc:
-            report.items.append(Item("netns", "failed", f"namespace {name}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a malformed record (no subnet) or a failed delete: the rest go on
+            report.items.append(Item("netns", "failed", f"namespace {name}: {type(exc).__name__}: {exc}"))
 
 
 def _remove_served(tags: set[str], report: RollbackReport) -> None:
@@ -302,19 +676,9 @@ def _remove_served(tags: set[str], report: RollbackReport) -> None:
 # --- the whole ------------------------------------------------------------------------------------------
 
 def resolve_run(run: str, reports_dir: Path) -> list[Path]:
-    """RUN as a run directory, a run id under ``reports_dir``, or a suite directory (every run in it)."""
-    path = Path(run)
-    if not path.exists():
-        path = reports_dir / run
-    if not path.is_dir():
-        raise FileNotFoundError(f"no run directory {run!r} (nor {reports_dir / run})")
-    path = path.resolve()
-    if (path / JOURNAL_NAME).exists():
-        return [path]
-    runs = sorted(p.parent for p in path.glob(f"*/{JOURNAL_NAME}"))
-    if not runs:
-        raise FileNotFoundError(f"{path} holds no {JOURNAL_NAME} (neither a run nor a suite directory)")
-    return runs
+    """RUN as a run id under ``reports_dir``, a path to a run directory, or a suite directory (every
+    run in it); each one checked as evidence first (``drills.rundir``: owner, symlinks, journal)."""
+    return rundir.resolve_run(run, reports_dir)
 
 
 def live_owner(run_dir: Path) -> int | None:
@@ -332,21 +696,35 @@ def live_owner(run_dir: Path) -> int | None:
 
 
 def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
-    run_dir = run_dir.resolve()
+    """Undo what the run left, record by record, each checked against :class:`RunState` first. Raises
+    :class:`drills.rundir.RunDirError` (nothing done) when the directory is not one to act on."""
+    run_dir = rundir.check_run(run_dir)
     history = read_history(run_dir / JOURNAL_NAME)
     report = RollbackReport(run_dir=run_dir, problems=list(history.problems))
-    journal = Journal(run_dir)
+    journal = Journal(run_dir)  # never through a symlink (drills.journal)
     journal.phase = "rollback"
     try:
         journal.append("rollback.started", pid=os.getpid(), undecodable_lines=history.problems,
                        faults=len(list(history.of_type("fault.undo"))))
-        argv_of = {e.data.get("pgid", e.data.get("pid")): e.data.get("argv") or [] for e in history.of_type("service.started")}
-        _undo_faults(history, report, argv_of)
-        _remove_projects(history, report)
-        _stop_processes(run_dir, history, report, grace)
-        _remove_filesystems(history, report)
-        _delete_namespaces(history, report)
-        _remove_served(stack_tags(run_dir, history), report)
+        state = run_state(run_dir, history)
+        tagged = tagged_pids(state.tags)
+        argv_of = {pg: argv for e in history.of_type("service.started")
+                   if _pid(pg := e.data.get("pgid", e.data.get("pid"))) is not None
+                   and isinstance(argv := e.data.get("argv") or [], list)}
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("process", lambda: verify_groups(history, state, tagged, report)),
+            ("faults", lambda: _undo_faults(history, report, state, tagged, argv_of)),
+            ("containers", lambda: _remove_projects(history, report)),
+            ("process", lambda: _stop_processes(history, report, state, tagged, grace)),
+            ("filesystem", lambda: _remove_filesystems(history, report, state)),
+            ("netns", lambda: _delete_namespaces(history, report, state)),
+            ("served", lambda: _remove_served(state.tags, report)),
+        ]
+        for step, run in steps:
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - one step that breaks must not stop the others
+                report.items.append(Item(step, "failed", f"{type(exc).__name__}: {exc}"))
         for item in report.items:
             journal.append(f"rollback.{item.status}", step=item.step, what=item.what)
         journal.append("rollback.finished", undone=len(report.of("undone")),

@@ -31,7 +31,9 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from drills.durations import Duration
 from drills.halt.spec import HaltCondition
-from drills.scenario_yaml import YamlProblem, load_document
+from drills.inputs import MAX_SCENARIO_BYTES, InputFileError, read_limited
+from drills.scenario_yaml import YamlProblem, key_line, load_document
+from drills.sizes import Size
 from drills.triggers import Trigger
 from injectors.base import registry
 
@@ -55,7 +57,7 @@ class L2Filesystem(_Strict):
     """A filesystem the run mounts for the L2 directory, so disk faults touch only what the run owns."""
 
     kind: Literal["tmpfs", "ext4"] = Field("tmpfs", description="tmpfs, or loop ext4 where ext4 semantics matter")
-    size: ByteSize = Field(ByteSize(256 * 2**20), description="e.g. '256MiB'; a few times the warm-up's L2 bytes")
+    size: Size = Field(ByteSize(256 * 2**20), description="e.g. '256MiB'; a few times the warm-up's L2 bytes")
     inodes: int | None = Field(None, ge=4, description="inode limit (for the disk fault mode `inodes`)")
     faultfs: bool = Field(False, description="serve the L2 through the FUSE fault filesystem (disk mode `errno`)")
 
@@ -356,11 +358,6 @@ class Expect(_Strict):
         return self
 
 
-# directories no scenario may hand to kvdrill whole: a fault there would reach far beyond a test target
-_TOO_WIDE = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/proc", "/root", "/run", "/sbin",
-                       "/sys", "/tmp", "/usr", "/var"})
-
-
 class NamedProcessSpec(_Strict):
     pid: int = Field(ge=2, description="the process's pid (never 1)")
     cmdline: list[str] = Field(min_length=1, description="its exact /proc/PID/cmdline, one argv entry per item")
@@ -388,13 +385,15 @@ class TargetsSpec(_Strict):
     @field_validator("paths")
     @classmethod
     def _narrow_paths(cls, v: list[str]) -> list[str]:
+        """Resolved, not compared as strings: a symlink to ``/`` or into ``/etc`` is what it points at, and
+        every system directory's subdirectories are refused with it (drills.isolation.system_path)."""
+        from drills.isolation import system_path
+
         for p in v:
-            if not p.startswith("/"):
-                raise ValueError(f"{p!r} is not absolute: give the full path of the test target")
-            norm = "/" + "/".join(x for x in p.split("/") if x and x != ".")
-            if norm in _TOO_WIDE or ".." in p.split("/"):
-                raise ValueError(f"{p!r} is too wide (or uses '..'): name the test target's own directory, not "
-                                 "a system directory")
+            why = system_path(p)
+            if why is not None:
+                raise ValueError(f"{p!r} cannot be a target path: {why}; name the test target's own directory, "
+                                 "never a system directory")
         return v
 
 
@@ -497,9 +496,9 @@ class LoadedScenario:
 def load_scenario(path: Path | str) -> LoadedScenario:
     """Parse and validate a scenario file; raise ScenarioError listing every problem with its line."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
+    try:  # bounded, and never a FIFO or a device (/dev/zero would exhaust memory, a FIFO hang)
+        raw = read_limited(path, MAX_SCENARIO_BYTES, "scenario", follow=True)
+    except InputFileError as exc:
         raise ScenarioError(path, [Problem(None, "", f"cannot read scenario: {exc}")]) from exc
     try:
         text = raw.decode("utf-8")
@@ -582,10 +581,13 @@ def _line(data: Any, loc: tuple[Any, ...]) -> int | None:
     node = data
     for part in loc:
         if isinstance(node, CommentedMap) and part in node:
-            line = node.lc.key(part)[0] + 1
+            line = key_line(node, part) or line  # a merged (<<) key: its line in the anchored mapping
             node = node[part]
         elif isinstance(node, CommentedSeq) and isinstance(part, int) and 0 <= part < len(node):
-            line = node.lc.item(part)[0] + 1
+            try:
+                line = node.lc.item(part)[0] + 1
+            except (KeyError, TypeError, AttributeError):
+                pass
             node = node[part]
         else:
             break

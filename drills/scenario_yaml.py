@@ -11,6 +11,8 @@ line of every key) and plain dicts/lists for pydantic. Hostile or broken input m
 - Anchors and aliases stay shared references in the tree, so a "billion laughs" document loads in
   microseconds; it is the conversion to plain data that would expand it. The conversion counts every
   value it produces and stops at ``MAX_VALUES``, and refuses a value that contains itself.
+- Merge keys (``<<: *anchor``) are YAML 1.1 and ruamel applies them; a merged key's errors are given the
+  line where the anchored mapping wrote it (:func:`key_line`).
 - Errors ruamel raises without a position (an integer with more digits than Python converts, a bad
   timestamp) are given the line of the node being constructed.
 """
@@ -142,10 +144,34 @@ def _custom_tag(node: Any) -> str | None:
 
 
 def _key_line(node: CommentedMap, key: Any, default: int) -> int:
-    try:
-        return node.lc.key(key)[0] + 1
-    except (KeyError, TypeError, AttributeError):  # merged (<<) keys have no position of their own
-        return default
+    line = key_line(node, key)
+    return default if line is None else line
+
+
+def key_line(node: CommentedMap, key: Any) -> int | None:
+    """1-based line of ``key`` in ``node``. A key that came in through a merge (``<<: *anchor``) has no
+    position in the mapping that merged it: its line is the one in the anchored mapping (searched
+    through nested merges, each mapping once), so an error inside a merged value still names its line."""
+    seen: set[int] = set()
+
+    def find(mapping: Any) -> int | None:
+        if id(mapping) in seen:
+            return None
+        seen.add(id(mapping))
+        try:
+            return int(mapping.lc.key(key)[0]) + 1
+        except (KeyError, TypeError, AttributeError, IndexError):
+            pass
+        # ruamel 0.18 keeps (position, mapping) pairs here, 0.19 the mappings themselves
+        for item in getattr(mapping, "merge", None) or []:
+            merged = item[1] if isinstance(item, tuple) else item
+            if isinstance(merged, CommentedMap) and key in merged:
+                line = find(merged)
+                if line is not None:
+                    return line
+        return None
+
+    return find(node)
 
 
 def _item_line(node: CommentedSeq, index: int, default: int) -> int:

@@ -46,8 +46,9 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
+from drills.sizes import Size
 from drills.stack.diskfs import DiskFsError, RunFilesystem, inside, usage_of
 from drills.stack.faultfs import PROBE_PREFIX, ErrnoName, FaultFs, FaultFsError, Op, Rule
 from injectors.base import HealReport, InjectionError, Injector, Proof
@@ -79,8 +80,8 @@ class Inodes(_Mode):
 
 class Shrink(_Mode):
     mode: Literal["shrink"] = Field(description="shrink the tmpfs L2 while it is in use (remount,size=)")
-    size: ByteSize | None = Field(None, description="new size, e.g. '64MiB' (not below what is in use)")
-    leave_free: ByteSize | None = Field(None, description="new size = what is in use at injection + this much, "
+    size: Size | None = Field(None, description="new size, e.g. '64MiB' (not below what is in use)")
+    leave_free: Size | None = Field(None, description="new size = what is in use at injection + this much, "
                                                           "e.g. '4MiB' (the next stores fill it)")
 
     @model_validator(mode="after")
@@ -106,7 +107,7 @@ class Errno(_Mode):
     probability: float = Field(1.0, gt=0, le=1, description="chance that a matching operation fails")
     seed: int | None = Field(None, description="seed of the probability draws (default: from the scenario seed)")
     count: int | None = Field(None, ge=1, description="fail at most this many operations, then let them pass")
-    after_bytes: ByteSize | None = Field(None, description="let operations pass until this much was written to "
+    after_bytes: Size | None = Field(None, description="let operations pass until this much was written to "
                                                            "matching paths, e.g. '16MiB' (a write crossing it is "
                                                            "cut short)")
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from drills.durations import Duration
 from drills.isolation import read_cmdline
+from drills.procstat import start_ticks
 from injectors.base import HealReport, InjectionError, Injector, Proof
 from injectors.process import SIGNALS, process_states, until_frozen
 
@@ -92,7 +93,9 @@ class NamedProcessFault(Injector):
 
     async def inject(self) -> None:
         undo_action = {"stop": "cont", "cont": "none", "term": "left_down", "kill": "left_down"}[self.p.action]
-        self.record = {"action": undo_action, "pid": self.p.pid, "cmdline": self.cmdline}
+        # start_ticks: rollback thaws this pid only while it is still the process the fault stopped
+        self.record = {"action": undo_action, "pid": self.p.pid, "cmdline": self.cmdline,
+                       "start_ticks": start_ticks(self.p.pid)}
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name, undo=self.record)
         why_not = _signal_if_same(self.p.pid, self.cmdline, SIGNALS[self.p.action])
         if why_not:

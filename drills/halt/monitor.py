@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -71,7 +72,11 @@ def resolve_url(url: str, url_of: Callable[[str], str]) -> str:
         base = url_of(m.group(1))
     except (KeyError, ValueError) as exc:
         raise HaltConfigError(f"halt probe {url!r}: this stack has no service {m.group(1)!r}") from exc
-    return base.rstrip("/") + url[m.end():]
+    resolved = base.rstrip("/") + url[m.end():]
+    # validation refused anything but a path after {service}; checked again on the URL that is sent
+    if urlsplit(resolved).netloc != urlsplit(base).netloc:
+        raise HaltConfigError(f"halt probe {url!r} resolves to {resolved!r}, not to the service {m.group(1)!r}")
+    return resolved
 
 
 @dataclass

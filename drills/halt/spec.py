@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -87,19 +87,47 @@ class HttpProbe(_Strict):
     @classmethod
     def _loopback_or_own(cls, v: str) -> str:
         if SERVICE_PLACEHOLDER.match(v):
+            check_service_url(v)
             return v
         check_http_url(v)
         return v
 
 
-def check_http_url(url: str) -> None:
-    """A probe URL must be http(s) with a host; whether kvdrill may contact that host is the isolation
-    policy's call at preflight (loopback and the run's namespace, or named by targets.hosts and
-    --allow-target), the same rule as for every other target."""
+def check_http_url(url: str) -> SplitResult:
+    """A probe URL must be an http(s) URL with a host and nothing that changes where it goes: no
+    userinfo (``http://127.0.0.1:8000@10.0.0.5/`` goes to 10.0.0.5), a valid port, no whitespace or
+    control characters (which clients strip or split on). Whether kvdrill may contact that host is the
+    isolation policy's call at preflight, the same rule as for every other target."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise ValueError(f"{url!r} holds whitespace or a control character; expected a plain URL")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{url!r} is not an http(s) URL (or {{engine}}/path, {{lmcache}}/path, ... for the "
                          "run's own services)")
+    if "@" in parts.netloc:
+        raise ValueError(f"{url!r} carries userinfo ('user@'): refused, it can send the request to another host "
+                         "than the one it seems to name")
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError as exc:
+        raise ValueError(f"{url!r}: {exc}") from None
+    return parts
+
+
+# what a {service} placeholder stands for when its URL is checked: the run's own service on loopback
+_SERVICE_BASE = "http://127.0.0.1:1"
+
+
+def check_service_url(url: str) -> None:
+    """``{service}`` must be followed by a path (or nothing): ``{engine}@10.0.0.5/x`` would make the
+    service's host:port the userinfo of a request to 10.0.0.5. Checked as the URL it becomes."""
+    m = SERVICE_PLACEHOLDER.match(url)
+    assert m is not None
+    rest = url[m.end():]
+    if rest and rest[0] not in "/?":
+        raise ValueError(f"{url!r}: after {{{m.group(1)}}} comes a path ('/...') or nothing, not {rest[:1]!r}")
+    if check_http_url(_SERVICE_BASE + rest).hostname != "127.0.0.1":
+        raise ValueError(f"{url!r} does not stay on the service {{{m.group(1)}}}")
 
 
 class HaltCondition(_Strict):

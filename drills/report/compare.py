@@ -7,6 +7,7 @@ built from its journal and verdict.json (the same function the runner uses), and
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from rich.text import Text
 
 from drills.journal import JOURNAL_NAME, read_history
 from drills.report.record import cell_text, flatten, run_record, why_missing
+from drills.runread import RunReadError, VerdictDoc, check_events, read_json_doc
 
 
 class CompareError(RuntimeError):
@@ -40,20 +42,20 @@ class Row:
 
 
 def load(run_dir: Path) -> Loaded:
+    """The run's record; a damaged run directory is a CompareError naming the file and line or key."""
     path = run_dir / "record.json"
-    if path.is_file():
-        try:
-            return Loaded(run_dir, json.loads(path.read_text()), built=False)
-        except ValueError as exc:
-            raise CompareError(f"{path} is not JSON: {exc}") from exc
-    verdict, journal = run_dir / "verdict.json", run_dir / JOURNAL_NAME
-    if not (verdict.is_file() and journal.is_file()):
-        raise CompareError(f"{run_dir} has no record.json, and no verdict.json and {JOURNAL_NAME} to build one from")
     try:
-        doc = json.loads(verdict.read_text())
-    except ValueError as exc:
-        raise CompareError(f"{verdict} is not JSON: {exc}") from exc
-    return Loaded(run_dir, run_record(doc, read_history(journal)), built=True)
+        if os.path.lexists(path):
+            return Loaded(run_dir, read_json_doc(path), built=False)
+        verdict, journal = run_dir / "verdict.json", run_dir / JOURNAL_NAME
+        if not (os.path.lexists(verdict) and os.path.lexists(journal)):
+            raise CompareError(f"{run_dir} has no record.json, and no verdict.json and {JOURNAL_NAME} to build one from")
+        doc = read_json_doc(verdict, VerdictDoc)
+        history = read_history(journal)
+        check_events(history, str(journal))
+    except RunReadError as exc:
+        raise CompareError(str(exc)) from None
+    return Loaded(run_dir, run_record(doc, history), built=True)
 
 
 def _number(v: Any) -> bool:

@@ -29,7 +29,7 @@ import docker
 import structlog
 
 from drills.journal import Journal
-from drills.procstat import PPID, stat_fields
+from drills.procstat import PPID, start_ticks, stat_fields
 from drills.stack.process import ServiceDriver, ServiceSpec, StackError, remove_shm_of
 
 log = structlog.get_logger(__name__)
@@ -192,7 +192,8 @@ class ContainerDriver(ServiceDriver):
         self.services[spec.name] = svc
         self.journal.append("service.started", service=spec.name, pid=pid, pgid=pid, generation=gen,
                             argv=spec.argv, log=log_path.name, container=container.name,
-                            container_id=container.id[:12], image=container.attrs["Config"]["Image"])
+                            container_id=container.id[:12], image=container.attrs["Config"]["Image"],
+                            start_ticks=start_ticks(pid))
         log.info("container started", service=spec.name, pid=pid, generation=gen)
         return svc
 

@@ -32,7 +32,7 @@ from drills.pins import REPO_ROOT, stack_venv
 from drills.stack.compose_project import ComposeProject, ComposeStack
 from drills.stack.containers import SERVICE_LABEL
 from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
-from drills.stack.netns import PREFIX, NetNamespace
+from drills.stack.netns import PREFIX, NetNamespace, inode_of
 from drills.stack.process import ServiceSpec, StackError
 from drills.stack.sandbox import SERVED_MODEL, free_port, write_toxiproxy_config
 
@@ -139,7 +139,7 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
         if proc.returncode != 0:
             raise StackError(f"ip netns attach {name} {record['pid']} failed: {proc.stderr.strip()}")
         self.netns, self.netns_subnet, self.netns_created = name, record["subnet"], True
-        self.journal.append("netns.created", **record)
+        self.journal.append("netns.created", **record, inode=inode_of(name))  # rollback checks it is still this one
 
     async def down(self) -> None:
         try:

@@ -191,7 +191,7 @@ class MooncakeStack(ProcessStack):
             self.journal.append("netns.planned", **self.netns.as_dict())
             self.netns.create()
             self.netns_created = True
-            self.journal.append("netns.created", **self.netns.as_dict())
+            self.journal.append("netns.created", **self.netns.as_dict(), inode=self.netns.inode())
 
     async def up(self) -> None:
         """Create the namespace, then start every service as soon as those it depends on are healthy.

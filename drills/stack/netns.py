@@ -102,6 +102,13 @@ def link_exists(ifname: str) -> bool:
     return Path("/sys/class/net", ifname).exists()
 
 
+def inode_of(name: str) -> int | None:
+    try:
+        return (NETNS_DIR / name).stat().st_ino
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class NetNamespace:
     name: str
@@ -137,6 +144,11 @@ class NetNamespace:
 
     def exec_prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.name]
+
+    def inode(self) -> int | None:
+        """The namespace's inode (of its /run/netns bind mount): what rollback compares, so it deletes
+        only the namespace this run made, not a later one that took the name."""
+        return inode_of(self.name)
 
     def as_dict(self) -> dict[str, str]:
         return {"name": self.name, "subnet": str(self.subnet), "host_if": self.host_if, "ns_if": self.ns_if,

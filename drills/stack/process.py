@@ -25,7 +25,7 @@ import structlog
 
 from drills.journal import Journal
 from drills.observe import shm
-from drills.procstat import PGRP, stat_fields
+from drills.procstat import PGRP, start_ticks, stat_fields
 
 log = structlog.get_logger(__name__)
 
@@ -365,6 +365,7 @@ class ProcessDriver(ServiceDriver):
         self.services[spec.name] = svc
         self.journal.append("service.started", service=spec.name, pid=popen.pid, pgid=popen.pid, generation=gen,
                             argv=spec.argv, log=str(log_path.name), tag=str(self.log_dir.parent),
+                            start_ticks=start_ticks(popen.pid),  # with argv: rollback tells its group from a recycled pid
                             **({"netns": spec.netns} if spec.netns else {}))
         log.info("service started", service=spec.name, pid=popen.pid, generation=gen)
         return svc

@@ -31,7 +31,11 @@ JOURNAL_EXAMPLES = {
     "mutated_lines": 500,  # recorded journals with torn lines and wrong field types
     "mutated_evidence": 500,  # decodable journals whose event data has the wrong shape for the checkers
 }
-TOTAL_EXAMPLES = sum(SCENARIO_EXAMPLES.values()) + sum(JOURNAL_EXAMPLES.values())
+RUNDIR_EXAMPLES = {  # a whole run directory per case through a verb (~20-60 ms each): a few seconds in all
+    "read": 100,  # analyze, replay's plan, compare over damaged journals and documents
+    "rollback": 40,  # rollback over the same: it must always finish and record a verdict
+}
+TOTAL_EXAMPLES = sum(SCENARIO_EXAMPLES.values()) + sum(JOURNAL_EXAMPLES.values()) + sum(RUNDIR_EXAMPLES.values())
 
 
 def fuzz_settings(examples: int) -> settings:

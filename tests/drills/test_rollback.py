@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from drills import rollback as rb
 from drills.cli import app
 from drills.journal import Journal, read_history
+from drills.rundir import RunDirError
 from drills.stack.process import RUN_TAG_ENV, ProcessDriver, group_members
 from drills.stack.sandbox import free_port
 from injectors.base import HealReport, registry
@@ -44,8 +45,8 @@ def test_every_injector_family_has_a_record_level_undo():
 
 def test_kv_corrupt_restored_then_second_rollback_finds_nothing(tmp_path):
     run = tmp_path / "run"
-    l2 = tmp_path / "l2"
-    l2.mkdir()
+    l2 = run / "stack" / "l2"  # where a run's L2 lives: rollback restores only under the run's directories
+    l2.mkdir(parents=True)
     chunk = l2 / "chunk.data"
     chunk.write_bytes(os.urandom(4096))
     original = _sha(chunk)
@@ -158,8 +159,10 @@ def test_a_failing_undo_is_reported_and_the_rest_still_runs(tmp_path, monkeypatc
     monkeypatch.setitem(rb.UNDO, "network", fine)
     run = tmp_path / "run"
     j = _run_journal(run)
-    j.append("fault.undo", fault_id="f0-disk", injector="disk", undo={"kind": "fill"})
-    j.append("fault.undo", fault_id="f1-network", injector="network", undo={"backend": "toxiproxy"})
+    fs = {"kind": "tmpfs", "fs_id": "kvdrill-x", "mountpoint": str(run / "stack" / "l2"), "owned_root": str(run)}
+    j.append("fault.undo", fault_id="f0-disk", injector="disk", undo={"kind": "fill", "fs": fs})
+    j.append("fault.undo", fault_id="f1-network", injector="network",
+             undo={"backend": "toxiproxy", "url": "http://127.0.0.1:8474", "proxy": "lmcache"})
     j.append("fault.healed", fault_id="f1-network", undone=[], already_healed=[])
     j.append("fault.undo", fault_id="f2-teleport", injector="teleport", undo={})
     j.close()
@@ -219,7 +222,7 @@ def test_resolve_run_by_id_and_suite(tmp_path):
         Journal(reports / name).close()
     assert rb.resolve_run("suite-x/a", reports) == [(reports / "suite-x" / "a").resolve()]
     assert [p.name for p in rb.resolve_run(str(reports / "suite-x"), reports)] == ["a", "b"]
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(RunDirError):
         rb.resolve_run("nope", reports)
 
 
