@@ -26,7 +26,7 @@ from drills.gameday.pause import CONFIRM_TIMEOUT_S
 from drills.inputs import MAX_STACK_FILE_BYTES, read_text_limited
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
-from drills.scenario import FaultSpec, LoadedScenario, Scenario
+from drills.scenario import FaultSpec, LoadedScenario, Scenario, default_oracle
 from drills.stack import docker_mooncake, docker_sandbox, mooncake, sandbox
 from injectors.store import FULLEST
 
@@ -92,7 +92,7 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     doc = YAML(typ="safe", pure=True).load(read_text_limited(COMPOSE[ref], MAX_STACK_FILE_BYTES, "stack file"))
     # local stacks name a program (argv); the container stack a compose command run in its image
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
-                for name, raw in doc["services"].items()}
+                for name, raw in doc["services"].items() if name != "baseline" or sc.stack.baseline is not False}
     run_dir = reports_dir / RUN_ID
     fs = sc.stack.lmcache.l2_fs if ref in ("sandbox", "sandbox-docker") else None
     l2 = {"sandbox": run_dir / "stack" / "l2",
@@ -131,6 +131,8 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
     wl = sc.workload
     return {
         "scenario": {"name": sc.name, "path": str(loaded.path), "seed": sc.seed},
+        "oracle": {"mode": sc.oracle, "why": default_oracle(sc)[1] if sc.oracle == default_oracle(sc)[0]
+                   else f"oracle: {sc.oracle} in the scenario"},
         "allowed": not refusals and not problems,
         "refusals": [r.as_dict() for r in refusals],
         "problems": problems,
@@ -350,6 +352,8 @@ def render(plan: dict[str, Any], console: Console) -> None:
     for name, s in st["services"].items():
         services.add_row(escape(name), escape(s["program"]), "yes" if s["netns"] else "no")
     console.print(services)
+    if "oracle" in plan:
+        console.print(f"oracle [bold]{plan['oracle']['mode']}[/]: {escape(str(plan['oracle']['why']))}")
     for f in plan["faults"]:
         # one key/value table per fault: long targets fold instead of being cut off in a narrow terminal
         t = Table(show_header=False, title=f"fault {f['id']}", title_justify="left", show_lines=True)

@@ -102,9 +102,9 @@ def _write_variants(entries: list[SuiteEntry], suite_dir: Path) -> None:
 
 def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
     """Group by stack spec in order of first appearance, keeping the given order inside a group, except
-    that a drill expected to fail its leaks check runs last in its group: it leaves a stack the pool
-    will not hand on, so anything after it would need a fresh one; and among the rest, the drills whose
-    oracle needs the baseline engine run first."""
+    that a drill expected to fail its leaks check (or to end ERROR) runs last in its group: it leaves a
+    stack the pool will not hand on, so anything after it would need a fresh one; and among the rest, the
+    drills whose oracle needs the baseline engine run first."""
     groups: dict[str, list[SuiteEntry]] = {}
     for e in entries:
         groups.setdefault(stack_key(e.loaded.scenario.stack), []).append(e)
@@ -113,7 +113,9 @@ def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
         # a drill that needs the baseline engine first: the stack it starts then serves the others too,
         # while one started without a baseline could not serve it
         sc = e.loaded.scenario
-        return bool(sc.expect and "leaks" in sc.expect.failing_checks), not sc.stack.baseline
+        # an expected ERROR (D13's control) stops its stack too: no drill completes on it
+        dirty = bool(sc.expect and ("leaks" in sc.expect.failing_checks or sc.expect.verdict == "error"))
+        return dirty, not sc.stack.baseline
 
     return [e for group in groups.values() for e in sorted(group, key=order)]
 

@@ -48,7 +48,7 @@ def test_human_plan_names_stack_services_fault_targets_and_seeds(monkeypatch):
     monkeypatch.setattr("drills.cli.out", Console(width=250))  # one line per value: the needles stay whole
     code, text = dry(str(FLAGSHIP))
     assert code == 0
-    for needle in ("nothing started, nothing injected", "stack sandbox", "lmcache", "engine", "baseline",
+    for needle in ("nothing started, nothing injected", "stack sandbox", "lmcache", "engine", "oracle salted",
                    "f0-kv_corrupt", "chunk file of prompt 0, chunk 1", "kvdrill-workload:7", "7:f0-kv_corrupt",
                    "plan allowed"):
         assert needle in text, needle

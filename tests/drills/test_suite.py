@@ -98,3 +98,12 @@ def test_a_scenario_needing_another_stack_is_listed_as_not_run_never_passed(tmp_
     assert case.find("skipped").get("message") == "not run (needs compose/gpu: needs a CUDA engine)"
     run = CliRunner().invoke(app, ["run", str(needs), "--reports-dir", str(reports)])
     assert run.exit_code == 2 and "needs compose/gpu" in run.output
+
+
+def test_a_drill_needing_the_baseline_runs_first_and_an_expected_error_last(tmp_path):
+    both = tmp_path / "both.yaml"
+    both.write_text("name: both\nseed: 7\noracle: both\n" + BASE)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\nseed: 8\n" + BASE + "expect: {verdict: error}\n")
+    entries, _ = load_all([broken, scenario(tmp_path, "a"), both, scenario(tmp_path, "b", seed=2)])
+    assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["both", "a", "b", "broken"]

@@ -20,22 +20,28 @@ pytestmark = pytest.mark.real
 
 # Every scenario of the catalogue except the flagship pair and the game days (tests/real/test_flagship.py runs those
 # through `kvdrill run`, the command a user types first), and the seed experiments (tests/real/test_experiments.py
-# runs them as one suite). `make test` also leaves out, to stay inside CI's 90 minutes on two cores:
-# - the five row-5 replays (lmcache-4533-*: about 15 minutes, two engine restarts each): every kv_corrupt mode
-#   they use is exercised on real chunk files by test_sandbox_kv_corrupt.py and the flagship pair;
-# - three of the four Toxiproxy toxics ZMQ shrugs off (net-slicer, net-limit-data, net-slow-close): their toxic
-#   machinery is net-latency's and net-bandwidth's, which stay;
-# - lmcache-1938, whose outcome on this stack depends on where the reset lands (sessions leaked twice, the third
-#   run clean: PASS), so it cannot gate a build (net-reset-peer covers the reset);
-# - net-down (about 2 minutes), whose finding and machinery are net-blackhole's (the link gone: the engine falls
-#   back after a timeout, LMCache keeps the sessions; leaks and slo fail in both);
-# - disk-inodes and disk-shrink: LMCache meets the same ENOSPC as in disk-full, and both modes are tested on
-#   a real tmpfs under a writer (tests/injectors/test_disk.py, tests/drills/stack/test_diskfs.py);
-# - net-mooncake-data-bandwidth: it runs on containers in test_docker_stack.py, through the same KernelNet.
+# runs them as one suite). `make test` runs every control of scenarios/controls/ (the detection matrix) and at least
+# one drill per fault family on processes; to stay within 45 minutes on two cores it leaves out the drills whose
+# family a control or another kept drill already runs on the same kind of stack:
+# - disk: disk-full stays (its finding: LMCache meets ENOSPC); disk-fill, disk-readonly, disk-errno-* (the fault
+#   filesystem's modes are tested on a real tmpfs under a writer in tests/injectors/test_disk.py and
+#   tests/drills/stack/test_faultfs.py), disk-inodes, disk-shrink and mooncake-2475 run in make test-catalogue;
+# - process: the controls d03, d03-twin, d04, d04-twin and d05 and engine-freeze (the open-loop and share-ratio
+#   run) stay; engine-restart, engine-term and lmcache-562 move;
+# - kv_corrupt: d02 and the flagship pair stay; kv-mantissa-noise, lmcache-1313 and the five row-5 replays
+#   (lmcache-4533-*) move: every kv_corrupt mode runs on real chunk files in test_sandbox_kv_corrupt.py;
+# - network: net-latency and d05 stay; net-bandwidth, net-blackhole, net-reset-peer, net-down, net-slicer,
+#   net-limit-data, net-slow-close and lmcache-1938 move (net-mooncake-data-bandwidth runs on containers in
+#   test_docker_stack.py);
+# - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
+# - lmcache-1034 (no fault: APC pins) moves.
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
 FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
 FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slow-close.yaml", "lmcache-1938-",
-             "net-down.yaml", "disk-inodes.yaml", "disk-shrink.yaml", "net-mooncake-data-bandwidth.yaml")
+             "net-down.yaml", "disk-inodes.yaml", "disk-shrink.yaml", "net-mooncake-data-bandwidth.yaml",
+             "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
+             "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
+             "net-blackhole.yaml", "net-reset-peer.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-")
 EXCLUDED = ("flagship", "gameday", "experiments")  # gameday/ waits for an operator: tests/real/test_gameday.py answers it
 
 

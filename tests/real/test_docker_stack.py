@@ -113,6 +113,7 @@ def test_flagship_on_containers_fails_on_correctness_as_on_processes(engine):
     assert removed["data"]["left"] == []
 
 
+@pytest.mark.catalogue  # make test-catalogue: the twin's finding is the processes' (test_flagship.py)
 def test_twin_on_containers_passes_as_on_processes(engine):
     proc, run_dir, doc = run_drill(TWIN, "docker-twin")
     assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"

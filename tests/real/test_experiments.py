@@ -21,7 +21,9 @@ from drills.report import matrix_table, tiers
 
 from .conftest import ARTIFACTS, REPO, assert_nothing_left, run_kvdrill, started_pids
 
-pytestmark = pytest.mark.real
+# make test-catalogue only: the tier attribution and the matrix table are checked on stored journals by the
+# unit tests (tests/drills/test_matrix.py, the report tests); this suite of nine drills is their real run
+pytestmark = [pytest.mark.real, pytest.mark.catalogue]
 
 EXPERIMENTS = REPO / "scenarios" / "experiments"
 
