@@ -31,14 +31,28 @@ def _on_stack(loaded, ref: str):
 
     from pydantic import ValidationError
 
-    from drills.scenario import StackSpec
+    from drills.scenario import Scenario, StackSpec, default_oracle
 
+    sc = loaded.scenario
     try:
-        spec = StackSpec.model_validate({**loaded.scenario.stack.model_dump(mode="json"), "ref": ref})
+        spec = StackSpec.model_validate({**sc.stack.model_dump(mode="json"), "ref": ref})
     except ValidationError as exc:
         typer.echo(f"--stack {ref}: {exc.errors()[0]['msg']}", err=True)
         raise typer.Exit(2) from exc
-    return dataclasses.replace(loaded, scenario=loaded.scenario.model_copy(update={"stack": spec}))
+    # an oracle (and a baseline engine) that was the default for the scenario's own stack is chosen again
+    # for this one: the salted oracle is only sound where the stack keys by cache_salt (defect D13)
+    data = sc.model_dump(mode="json")
+    data["stack"] = spec.model_dump(mode="json")
+    if sc.oracle == default_oracle(sc)[0]:
+        data["oracle"] = None
+        if sc.stack.baseline == (sc.oracle in ("baseline", "both")):
+            data["stack"]["baseline"] = None
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        typer.echo(f"--stack {ref}: {exc.errors()[0]['msg']}", err=True)
+        raise typer.Exit(2) from exc
+    return dataclasses.replace(loaded, scenario=scenario)
 
 
 def _load(path: Path):

@@ -68,3 +68,16 @@ def test_a_model_upgrade_plans_on_containers_and_a_store_fault_does_not(tmp_path
     assert _plan(tmp_path, "incidents/model-upgrade-new-path.yaml", "sandbox-docker")["allowed"]
     plan = _plan(tmp_path, "incidents/lmcache-1814-contributor-kill.yaml", "sandbox-docker", exit_code=2)
     assert not plan["allowed"] and any("sandbox-docker-mooncake" in p for p in plan["problems"])
+
+
+def test_a_default_oracle_follows_the_stack_it_is_run_on():
+    from drills.cli import _on_stack
+    from drills.scenario import load_scenario
+
+    loaded = load_scenario(FLAGSHIP)
+    assert (loaded.scenario.oracle, loaded.scenario.stack.baseline) == ("salted", False)
+    on_docker = _on_stack(loaded, "sandbox-docker").scenario
+    assert (on_docker.oracle, on_docker.stack.baseline) == ("salted", False)
+    # in-process LMCache ignores cache_salt (D13): the baseline judges there, and it is started
+    on_mooncake = _on_stack(loaded, "sandbox-docker-mooncake").scenario
+    assert (on_mooncake.oracle, on_mooncake.stack.baseline) == ("baseline", True)

@@ -10,7 +10,8 @@ through the same code the sandbox uses (``SandboxStack._mount_l2`` for tmpfs/ext
 for process groups, the Mooncake stack's journaled namespace creation), so every crash window a real
 drill has around an injection is here too, without minutes of vLLM start-up. What is not the run's own
 is shared with the test and outlives every kill: the Toxiproxy server (its proxies must end with no
-kvdrill toxic and enabled) and the chunk files (each must end with its original sha256).
+kvdrill toxic and enabled); the chunk files are copied into the run's own stack directory before each
+point, as a drill's L2 lives in its run, and each must end with its original sha256.
 
 Progress goes to RUN_DIR/harness.log, one line per step, so the test can say where each kill landed.
 """

