@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,18 +74,21 @@ class History:
 
     The checkers and the report writers ask for events by type hundreds of times; on a 100,000-request
     run a scan of all events per question was seconds of ``kvdrill analyze`` (bench/analyze.py), so the
-    events are indexed by type on the first question, and again when ``events`` changes (a reader
-    appending, a cut copy assigned)."""
+    events are indexed by type on the first question. What is derived from the events for several
+    readers (the checkers' RunView) is shared through ``derived`` inside a ``sharing()`` block. Both
+    are rebuilt when ``events`` changes (a reader appending, a cut copy assigned)."""
 
     events: list[Event] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     _by_type: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
     _stamp: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _sharing: int = field(default=0, init=False, repr=False, compare=False)
 
     def _fresh(self) -> None:
         stamp = (id(self.events), len(self.events))
         if stamp != self._stamp:
-            self._by_type, self._stamp = {}, stamp
+            self._by_type, self._derived, self._stamp = {}, {}, stamp
             for i, e in enumerate(self.events):
                 self._by_type.setdefault(e.type, []).append(i)
 
@@ -100,6 +103,29 @@ class History:
 
     def first(self, type: str) -> Event | None:
         return next(self.of_type(type), None)
+
+    def derived(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()``: inside ``sharing()``, once per ``key`` for these events; outside it, every time."""
+        self._fresh()
+        if not self._sharing:
+            return build()
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
+
+    @contextlib.contextmanager
+    def sharing(self) -> Iterator[History]:
+        """A block in which what is derived from these events is built once and shared. It is let go at
+        the end: a view of the events refers back to them, and that cycle would keep a large journal's
+        millions of objects alive until a full collection, which then walks them all (about a second
+        on a 100,000-request run) instead of freeing them when the last reader is done."""
+        self._sharing += 1
+        try:
+            yield self
+        finally:
+            self._sharing -= 1
+            if not self._sharing:
+                self._derived = {}
 
 
 def _torn(path: Path) -> bool:

@@ -42,7 +42,7 @@ def failing_requests(doc: dict[str, Any], history: History) -> list[dict[str, An
 def render_html(doc: dict[str, Any], history: History, record: dict[str, Any], *, base: str = "") -> str:
     """``base`` is the way from where the page is written to the run directory ("" in it, "../../" from
     RUN/analysis/<ts>/), so the links to the journal and the logs work from either."""
-    view = RunView(history)
+    view = RunView.of(history)
     failing = failing_requests(doc, history)
     versions = next((e.data for e in history.of_type("versions")), {})
     figures = {

@@ -66,3 +66,14 @@ def test_events_by_type_come_in_journal_order_and_follow_changes_to_the_events()
     h.events = h.events[:2]  # a cut copy assigned
     assert list(h.of_type("c")) == [] and [e.seq for e in h.of_type("a", "b")] == [1, 2]
 
+
+def test_what_is_derived_is_shared_inside_a_sharing_block_and_let_go_after_it():
+    h = _history("ab")
+    assert h.derived("k", object) is not h.derived("k", object)  # outside a block: built every time
+    with h.sharing():
+        with h.sharing():
+            shared = h.derived("k", object)
+        assert h.derived("k", object) is shared  # the outer block still holds it
+        h.events = h.events[:1]
+        assert h.derived("k", object) is not shared  # other events: built again
+    assert h._derived == {}  # nothing derived (a view refers back to the events) outlives the block
