@@ -29,8 +29,9 @@ class CheckResult:
                 "evidence": self.evidence, "details": self.details}
 
 
-# Every event type a RunView's indexes, and so what ``RunView.memo`` builds from them, are made of
-INPUTS = ("response", "request", "observe.metrics", "fault.injected", "fault.healed")
+# Every event type a RunView's indexes, and what ``RunView.memo`` builds (the effect judgement too), are made of
+INPUTS = ("response", "request", "observe.metrics", "fault.injected", "fault.healed", "fault.verified", "observe.log",
+          "action")
 
 
 @dataclass

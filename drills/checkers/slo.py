@@ -15,6 +15,7 @@ phase, serially (transfer then compute: bytes / (T_recompute − T_hit)) and wit
 from __future__ import annotations
 
 import copy
+from itertools import chain
 from statistics import quantiles
 from typing import Any
 
@@ -51,7 +52,7 @@ def _phase_latency(view: RunView, phase: str, target: str, opts: SloCheck) -> di
         return None
     ok = [e for e in responses if e.data.get("ok") and e.data.get("ttft_s") is not None]
     ttft = [e.data["ttft_s"] for e in ok]
-    itl = [g for e in ok for g in e.data.get("itl_s") or []]
+    itl = list(chain.from_iterable(e.data.get("itl_s") or () for e in ok))
     start = min(e.ts - e.data.get("latency_s", 0.0) for e in responses)
     wall = max(e.ts for e in responses) - start
     good = [e for e in ok if (target == "baseline" or view.correct(e))

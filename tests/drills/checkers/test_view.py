@@ -67,3 +67,13 @@ def test_by_metric_sums_are_total(samples):
     by = by_metric(samples)
     for name in ("a_total", "b_total", "a_total_created", "c_total"):
         assert sum(by.get(name, ())) == total(samples, name)
+
+
+def test_the_effect_is_judged_once_per_view_and_handed_out_as_a_copy(tmp_path):
+    from drills.checkers.effect import assess
+
+    history = build(tmp_path)
+    view = RunView(history)
+    first = assess(view)
+    first.signals.append({"signal": "edited"})
+    assert assess(view) == assess(RunView(history)) and {"signal": "edited"} not in assess(view).signals
