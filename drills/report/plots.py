@@ -12,6 +12,7 @@ import base64
 import functools
 import io
 from bisect import bisect_left, bisect_right
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,16 @@ class Span:
 
 @functools.cache
 def _pyplot() -> Any:
+    """matplotlib.pyplot, imported by the first picture, in a thread of its own. matplotlib's import parses
+    its settings with pyparsing, whose caught parse errors stay in reference cycles with the frames that
+    raised them, and a frame holds its callers: imported from a report writer, that kept the writer's
+    locals (on ``kvdrill analyze``, the whole journal) alive until the cyclic collector ran, which
+    analyze pauses, so a 100,000-request run ended with a second of collecting and freeing."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-matplotlib") as pool:
+        return pool.submit(_import_pyplot).result()
+
+
+def _import_pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # before pyplot: a report is written on servers and in CI, never on a display
