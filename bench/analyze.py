@@ -242,11 +242,13 @@ def synthesize(run_dir: Path, requests: int, prompts: int, seed: int = 11) -> di
     # from here exactly what Runner.run/_finish do with a finished drill
     history = read_history(run_dir)
     results = checkers.run_checks(history, sc.checks)
-    verdict, reason = overall(results, effect.assess(RunView(history)))
+    judged = effect.assess(RunView(history))
+    verdict, reason = overall(results, judged)
     d = decide(sc.expect, verdict, reason, results)
     j.phase = "report"
     j.append("verdict", verdict=verdict, reason=reason, checks=[r.as_dict() for r in results],
-             expectation=d.expectation, exit_code=d.exit_code, checked_through=checked_through)
+             expectation=d.expectation, exit_code=d.exit_code, checked_through=checked_through,
+             effect=judged.as_dict())
     j.fh.close()
     outcome = Outcome(run_id=run_id, run_dir=run_dir, verdict=verdict, reason=reason, checks=results,
                       expectation=d.expectation, exit_code=d.exit_code)
