@@ -149,19 +149,31 @@ def read_history(path: Path) -> History:
     # 100,000-request run (bench/analyze.py). It only counts when it yields one object per line (a
     # blank line, or a line holding two values, makes it fail or miscount); otherwise, or when any
     # object is not an event, the lines are read one by one below and the bad ones named.
-    body = raw.strip()
     with gc_paused():
         try:
-            objs = json.loads(b"[" + body.replace(b"\n", b",") + b"]") if body else []
-        except (ValueError, RecursionError):
-            objs = None
-        if objs is not None and len(objs) == (body.count(b"\n") + 1 if body else 0):
+            objs, lines = _as_array(raw)
+        except (ValueError, RecursionError):  # not UTF-8 (UnicodeDecodeError is one), not JSON, too deep
+            objs, lines = None, 0
+        if objs is not None and len(objs) == lines:
             try:
                 history.events = [_decode(o) for o in objs]
                 return history
             except _BadLine:
                 pass
     return read_lines(raw, path.name)
+
+
+def _as_array(raw: bytes) -> tuple[list[Any], int]:
+    """The journal's lines decoded as one JSON array, and how many lines there are. Built with as few
+    copies of a journal of 100 MB and more as the stdlib allows (decoded once; every newline but a
+    final one made a comma; joined between brackets): each copy is fresh memory for the kernel to
+    hand out, and two copies fewer than stripping and concatenating were 0.2-0.3 s of a 100,000-request
+    analysis."""
+    text = raw.decode("utf-8")
+    if not text or text.isspace():
+        return [], 0
+    commas = text.count("\n") - (1 if text.endswith("\n") else 0)
+    return json.loads("".join(("[", text.replace("\n", ",", commas), "]"))), commas + 1
 
 
 def read_lines(raw: bytes, name: str) -> History:
