@@ -84,6 +84,7 @@ class RunView:
         for e in self.history.of_type("observe.metrics"):
             self._points.setdefault(e.phase, []).append(e)
         self._requests: dict[str, list[Event]] | None = None
+        self._correct: dict[int, tuple[Event, bool]] = {}
         # the last heal per fault id, as a dict built in journal order keeps it
         self._healed = {fid: e.ts for e in self.history.of_type("fault.healed") if _key(fid := e.data.get("fault_id"))}
         injected = list(self.history.of_type("fault.injected"))
@@ -158,8 +159,15 @@ class RunView:
         return self.oracle().get(pid)
 
     def correct(self, response: Event) -> bool:
+        """Answered, and token-identical to its oracle. Judged once per response in this view: the slo
+        check, the recovery check, the effect judgement and both pictures each ask for most of them."""
+        known = self._correct.get(id(response))
+        if known is not None and known[0] is response:  # the event is kept with its answer: its id stays its own
+            return known[1]
         ref = self.oracle_for(response)
-        return bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+        right = bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+        self._correct[id(response)] = (response, right)
+        return right
 
 
 def _same(a: Iterator[Event], b: Iterator[Event]) -> bool:
