@@ -133,6 +133,12 @@ def _analyze(run_dir: Path, names: list[str] | None, *, write: bool, stamp: str 
     if not journal.is_file():
         raise AnalyzeError(f"no {JOURNAL_NAME} in {run_dir}")
     history = read_history(journal)
+    with history.sharing():  # one view of the journal for the verdict, verdict.json and the reports
+        return _judge(run_dir, history, names, write=write, stamp=stamp)
+
+
+def _judge(run_dir: Path, history: History, names: list[str] | None, *, write: bool, stamp: str | None) -> Analysis:
+    journal = run_dir / JOURNAL_NAME
     started = history.first("run.started")
     if started is None:
         raise AnalyzeError(f"{journal} has no run.started event: not a kvdrill run journal")
@@ -153,13 +159,14 @@ def _analyze(run_dir: Path, names: list[str] | None, *, write: bool, stamp: str 
     results: list[CheckResult] = []
     if partial is None or names is not None:
         seen = checked_history(history, stored_event) if partial is None else history
-        results = checkers.run_checks(seen, select_checks(scenario.checks, names))
-        if names is not None:
-            results = [r for r in results if r.name in names]
-    if partial is None or names is not None:
-        # a subset of checks is no drill verdict; nor is a journal whose evidence is malformed (the checks
-        # that read it answer error, which decides the verdict; effect.assess reads it unguarded)
-        judged = effect.assess(RunView(seen)) if names is None and not malformed_events(seen) else None
+        with seen.sharing():
+            results = checkers.run_checks(seen, select_checks(scenario.checks, names))
+            if names is not None:
+                results = [r for r in results if r.name in names]
+            # a subset of checks is no drill verdict; nor is a journal whose evidence is malformed (the checks
+            # that read it answer error, which decides the verdict; effect.assess reads it unguarded)
+            judged = effect.assess(RunView.of(seen)) if names is None and not malformed_events(seen) else None
+            RunView.of(history, like=RunView.of(seen))  # the reports' view: what the checks computed, kept
         decision = decide(scenario.expect, *overall(results, judged), results)
     elif stored is not None:  # nothing to re-check: the stored error stands, judged by the same rules
         decision = decide(scenario.expect, stored["verdict"], stored["reason"], results)

@@ -11,7 +11,12 @@ from drills.scenario import ChecksSpec
 
 
 def run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
-    view = RunView(history)
+    with history.sharing():  # the checkers ask for the same phases, windows and percentiles
+        return _run_checks(history, checks)
+
+
+def _run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
+    view = RunView.of(history)
     malformed = evidence.malformed_events(history)
     results: list[CheckResult] = []
     if history.first("drill.cut_short") is not None:

@@ -6,6 +6,8 @@ Checkers are pure functions of the journal (plus the run's log files for line ev
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,17 +32,44 @@ class CheckResult:
                 "evidence": self.evidence, "details": self.details}
 
 
+# Every event type a RunView's indexes, and what ``RunView.memo`` builds (the effect judgement too), are made of
+INPUTS = ("response", "request", "observe.metrics", "fault.injected", "fault.healed", "fault.verified", "observe.log",
+          "action")
+
+
 @dataclass
 class RunView:
     """Requests, responses and observations of one run, indexed the way checkers ask for them.
 
     Checkers ask per response (its oracle, whether a fault held its service down), so what those
     answers need from the whole journal is indexed once here: a scan of the journal per response made
-    a 100,000-request run quadratic (bench/analyze.py)."""
+    a 100,000-request run quadratic (bench/analyze.py). The same goes per phase: responses and metrics
+    points are indexed by phase, and what several readers compute from them (hit-rate windows, latency
+    percentiles) is computed once per view (``memo``)."""
 
     history: History
     responses: list[Event] = field(default_factory=list)
     _oracle: dict[int, Event] | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, history: History, like: RunView | None = None) -> RunView:
+        """The one view of ``history`` its checkers, verdict.json and the reports share inside a
+        ``history.sharing()`` block, so one of them never recomputes what another already did (a view is
+        only ever read); outside one, a view of its own.
+
+        ``like``: a view of another history. Where both histories hold the very same events of every
+        ``INPUTS`` type, the new view takes over its indexes and what it has built instead of building
+        them again: ``kvdrill analyze`` checks the journal up to the stored verdict and writes its
+        reports over the whole journal, as the runner does, and the events past the verdict are none
+        of these."""
+        def build() -> RunView:
+            if like is not None and all(_same(like.history.of_type(t), history.of_type(t)) for t in INPUTS):
+                view = copy.copy(like)  # the indexes and the memo are shared, as both are only ever read
+                view.history = history
+                return view
+            return cls(history)
+
+        return history.derived(cls, build)
 
     def __post_init__(self) -> None:
         # These indexes are built before any checker runs, outside run_checks' per-checker guard, so a key
@@ -48,6 +77,17 @@ class RunView:
         # raising: the evidence contract answers "error" naming that event for every checker that reads
         # it, and the checkers that do not read it must still answer.
         self.responses = list(self.history.of_type("response"))
+        self._memo: dict[Any, Any] = {}
+        self._by_phase: dict[tuple[str, Any], list[Event]] = {}
+        for e in self.responses:
+            # a target no string equals (a list, in a damaged journal) is never asked for
+            if _key(target := e.data.get("target")):
+                self._by_phase.setdefault((e.phase, target), []).append(e)
+        self._points: dict[str, list[Event]] = {}
+        for e in self.history.of_type("observe.metrics"):
+            self._points.setdefault(e.phase, []).append(e)
+        self._requests: dict[str, list[Event]] | None = None
+        self._correct: dict[int, tuple[Event, bool]] = {}
         # the last heal per fault id, as a dict built in journal order keeps it
         self._healed = {fid: e.ts for e in self.history.of_type("fault.healed") if _key(fid := e.data.get("fault_id"))}
         injected = list(self.history.of_type("fault.injected"))
@@ -69,7 +109,21 @@ class RunView:
                     self._set_answers.setdefault(key, b)
 
     def phase_responses(self, phase: str, target: str = "engine") -> list[Event]:
-        return [e for e in self.responses if e.phase == phase and e.data.get("target") == target]
+        return list(self._by_phase.get((phase, target), ()))
+
+    def phase_requests(self, phase: str) -> list[Event]:
+        if self._requests is None:
+            self._requests = {}
+            for e in self.history.of_type("request"):
+                self._requests.setdefault(e.phase, []).append(e)
+        return list(self._requests.get(phase, ()))
+
+    def memo(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()`` once per ``key`` in this view; callers hand out copies of what may be edited. What
+        is built may read only events of the ``INPUTS`` types (see ``of``)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def oracle_source(self) -> dict[str, Any]:
         """Which oracle judged the run (``oracle.source``): ``mode`` salted/baseline/both, ``judge`` the
@@ -92,7 +146,7 @@ class RunView:
         return self._oracle
 
     def metric_points(self, phase: str) -> list[Event]:
-        return [e for e in self.history.of_type("observe.metrics") if e.phase == phase]
+        return list(self._points.get(phase, ()))
 
     def down_windows(self) -> list[DownWindow]:
         """When a fault deliberately took a service down: from the fault landing to its heal."""
@@ -119,8 +173,21 @@ class RunView:
         return self.oracle().get(pid)
 
     def correct(self, response: Event) -> bool:
+        """Answered, and token-identical to its oracle. Judged once per response in this view: the slo
+        check, the recovery check, the effect judgement and both pictures each ask for most of them."""
+        known = self._correct.get(id(response))
+        if known is not None and known[0] is response:  # the event is kept with its answer: its id stays its own
+            return known[1]
         ref = self.oracle_for(response)
-        return bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+        right = bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+        self._correct[id(response)] = (response, right)
+        return right
+
+
+def _same(a: Iterator[Event], b: Iterator[Event]) -> bool:
+    """The same event objects, in the same order (not equal ones: comparing their data is a scan)."""
+    left, right = list(a), list(b)
+    return len(left) == len(right) and all(x is y for x, y in zip(left, right))
 
 
 def _key(value: Any) -> bool:

@@ -26,14 +26,20 @@ def flags(text: str, token_ids: list[int], finish_reason: str | None, zero_run: 
 def check(view: RunView, opts: DegenerateCheck) -> CheckResult:
     oracle = view.oracle()
     bad, finish = [], {}
+    baseline: dict[int, list[str]] = {}  # per oracle answer (by identity): a handful, asked once per response
     for phase in PHASES:
         responses = [e for e in view.phase_responses(phase) if e.data.get("ok")]
         finish[phase] = dict(Counter(str(e.data.get("finish_reason")) for e in responses))
         for e in responses:
             mine = flags(e.data.get("text", ""), e.data.get("token_ids", []), e.data.get("finish_reason"), opts.zero_run)
+            if not mine:
+                continue
             ref = view.oracle_for(e)  # a model upgrade's own baseline while it holds
-            theirs = flags(ref.data.get("text", ""), ref.data.get("token_ids", []), ref.data.get("finish_reason"),
-                           opts.zero_run) if ref else []
+            if ref is None:
+                theirs = []
+            elif (theirs := baseline.get(id(ref))) is None:
+                theirs = baseline[id(ref)] = flags(ref.data.get("text", ""), ref.data.get("token_ids", []),
+                                                   ref.data.get("finish_reason"), opts.zero_run)
             new = [f for f in mine if f not in theirs]
             if new:
                 bad.append({**response_ref(e), "phase": phase, "flags": new, "text": e.data.get("text", "")[:200]})

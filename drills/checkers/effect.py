@@ -28,6 +28,7 @@ latency) could not be compared, a run with nothing found is *inconclusive*, not 
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -142,6 +143,12 @@ def _ttft(view: RunView, phase: str, which: str) -> float | None:
 
 
 def assess(view: RunView) -> Effect:
+    """Judged once per view (``kvdrill analyze`` weighs it into the verdict, verdict.json reports it), and
+    copied out."""
+    return copy.deepcopy(view.memo("effect", lambda: _assess(view)))
+
+
+def _assess(view: RunView) -> Effect:
     verified = [e for e in view.history.of_type("fault.verified") if e.data.get("effective")]
     faults = [str(e.data.get("fault_id")) for e in verified]
     if not faults:

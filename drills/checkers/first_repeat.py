@@ -14,6 +14,7 @@ first send in the phase, later waves repeat it. What the journal can attribute, 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from drills.checkers import hit_rate  # module, not name: hit_rate imports this one
@@ -26,7 +27,7 @@ def _ratio(num: float, den: float) -> float | None:
 
 def _lmcache(view: RunView, phase: str) -> dict[str, Any]:
     points = view.metric_points(phase)
-    windows = [(b.data.get("wave"), hit_rate.window(a.data, b.data)) for a, b in zip(points, points[1:])
+    windows = [(b.data.get("wave"), hit_rate.event_window(view, a, b)) for a, b in zip(points, points[1:])
                if b.data.get("wave") is not None]
     if not windows:
         return {"first": None, "repeat": None}
@@ -44,8 +45,7 @@ def _lmcache(view: RunView, phase: str) -> dict[str, Any]:
 
 
 def _vllm(view: RunView, phase: str) -> dict[str, Any]:
-    prompt_tokens = {e.data.get("request_id"): e.data.get("prompt_tokens") for e in view.history.of_type("request")
-                     if e.phase == phase}
+    prompt_tokens = {e.data.get("request_id"): e.data.get("prompt_tokens") for e in view.phase_requests(phase)}
     sent = view.phase_responses(phase)
     answers = [e for e in sent if e.data.get("ok")]
     first_wave: dict[Any, int] = {}
@@ -66,7 +66,12 @@ def _vllm(view: RunView, phase: str) -> dict[str, Any]:
 
 
 def first_vs_repeat(view: RunView, phase: str) -> dict[str, Any] | None:
-    """``{"lmcache": {first, repeat}, "vllm_cached": {first, repeat}}`` for one phase (None: no traffic)."""
+    """``{"lmcache": {first, repeat}, "vllm_cached": {first, repeat}}`` for one phase (None: no traffic).
+    Computed once per view (the effect judgement, record.json and report.md all ask) and copied out."""
+    return copy.deepcopy(view.memo(("first_vs_repeat", phase), lambda: _first_vs_repeat(view, phase)))
+
+
+def _first_vs_repeat(view: RunView, phase: str) -> dict[str, Any] | None:
     if not view.phase_responses(phase) and len(view.metric_points(phase)) < 2:
         return None
     return {"lmcache": _lmcache(view, phase), "vllm_cached": _vllm(view, phase)}

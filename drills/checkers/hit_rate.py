@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from drills.checkers.base import CheckResult, RunView
-from drills.observe.prom import total
+from drills.journal import Event
+from drills.observe.prom import by_metric, total
 from drills.scenario import HitRateCheck
 
 LMC_HIT, LMC_REQ = "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_requested_tokens_total"
@@ -44,8 +45,10 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     from another engine generation is never paired (the runner takes 'before' after any restart)."""
     lb, la = before.get("lmcache", {}), after.get("lmcache", {})
     eb, ea = before.get("engine", {}), after.get("engine", {})
-    d = {name: total(la, name) - total(lb, name) for name in (LMC_HIT, LMC_REQ, LMC_L1, LMC_L2)}
-    d.update({name: total(ea, name) - total(eb, name) for name in (EXT_HIT, EXT_Q, APC_HIT, APC_Q, PROMPT)})
+    mlb, mla, meb, mea = by_metric(lb), by_metric(la), by_metric(eb), by_metric(ea)
+    d = {name: sum(mla.get(name, ())) - sum(mlb.get(name, ())) for name in (LMC_HIT, LMC_REQ, LMC_L1, LMC_L2)}
+    d.update({name: sum(mea.get(name, ())) - sum(meb.get(name, ()))
+              for name in (EXT_HIT, EXT_Q, APC_HIT, APC_Q, PROMPT)})
     source, claimed = "lmcache_server", None
     if not any(k.startswith(LMC_REQ) for k in la) and any(k.startswith(LOG_RETRIEVED) for k in la):
         # LMCache in-process (sandbox-mooncake): tokens LMCache's log says it really retrieved, over the
@@ -68,12 +71,20 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def event_window(view: RunView, before: Event, after: Event) -> dict[str, Any]:
+    """``window`` between two metrics events, computed once per view: the checks, verdict.json and the
+    reports all ask for the same waves (a copy, so no caller sees another's edits)."""
+    # the events are kept with their window, so their ids cannot be another pair's while the view lives
+    return dict(view.memo(("window", id(before), id(after)),
+                          lambda: (before, after, window(before.data, after.data)))[2])
+
+
 def phase_rates(view: RunView, phase: str) -> dict[str, Any] | None:
     points = view.metric_points(phase)
     if len(points) < 2:
         return None
-    out = window(points[0].data, points[-1].data)
-    out["waves"] = [{"wave": b.data.get("point"), **window(a.data, b.data)} for a, b in zip(points, points[1:])]
+    out = event_window(view, points[0], points[-1])
+    out["waves"] = [{"wave": b.data.get("point"), **event_window(view, a, b)} for a, b in zip(points, points[1:])]
     out["metric_refs"] = [p.ref for p in points]
     return out
 

@@ -20,17 +20,15 @@ from drills.scenario import LeaksCheck
 GIB = 1024**3
 
 
-def _series(samples: list, name: str, t0: float) -> list[tuple[float, Any]]:
-    """(seconds since t0, value), keeping only the points where the value changes, plus the last."""
+def _series(samples: list, values: list[Any], t0: float) -> list[tuple[float, Any]]:
+    """(seconds since t0, value) of one count (``values``: its value in each sample), keeping only the
+    points where the value changes, plus the last."""
     out: list[tuple[float, Any]] = []
-    for e in samples:
-        v = (e.data.get("lmcache") or {}).get(name) if name != "engine_kv_usage" else e.data.get("engine_kv_usage")
+    for e, v in zip(samples, values):
         if not out or out[-1][1] != v:
             out.append((round(e.ts - t0, 1), v))
     if samples and out and out[-1][0] != round(samples[-1].ts - t0, 1):
-        last = samples[-1]
-        v = (last.data.get("lmcache") or {}).get(name) if name != "engine_kv_usage" else last.data.get("engine_kv_usage")
-        out.append((round(last.ts - t0, 1), v))
+        out.append((round(samples[-1].ts - t0, 1), values[-1]))
     return out
 
 
@@ -52,7 +50,8 @@ def check(view: RunView, opts: LeaksCheck) -> CheckResult:
             return CheckResult("leaks", "error", f"LMCache /status could not be read at the end of the drain "
                                                  f"({final.data.get('lmcache_error')})", details=details)
         names = list(base_counts)
-        details["lmcache_series"] = {n: _series(samples, n, t0) for n in names}
+        counts = [e.data.get("lmcache") or {} for e in samples]  # once a second: 27,000 on a 100,000-request run
+        details["lmcache_series"] = {n: _series(samples, [c.get(n) for c in counts], t0) for n in names}
         for name in above_baseline(base_counts, end_counts):
             leaks.append({"kind": "lmcache_status", "ref": final.ref, "count": name, "before": base_counts[name],
                           "after": end_counts[name], "series": details["lmcache_series"][name],
@@ -94,7 +93,7 @@ def check(view: RunView, opts: LeaksCheck) -> CheckResult:
 
     if opts.engine_kv_usage:
         base_kv, end_kv = baseline.data.get("engine_kv_usage"), final.data.get("engine_kv_usage")
-        details["engine_kv_usage_series"] = _series(samples, "engine_kv_usage", t0)
+        details["engine_kv_usage_series"] = _series(samples, [e.data.get("engine_kv_usage") for e in samples], t0)
         if base_kv is not None and end_kv is not None and end_kv > base_kv + 0.01:
             leaks.append({"kind": "engine_kv_usage", "ref": final.ref, "before": base_kv, "after": end_kv,
                           "text": f"vLLM KV-cache usage {base_kv:.1%} -> {end_kv:.1%} with no request running"})

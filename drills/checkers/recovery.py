@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from drills.checkers.base import CheckResult, RunView, response_ref
-from drills.checkers.hit_rate import window
+from drills.checkers.hit_rate import event_window
 from drills.scenario import RecoveryCheck
 
 
@@ -25,12 +25,11 @@ def waves(view: RunView, phase: str = "recovery") -> list[dict[str, Any]]:
         wave = after.data.get("wave")
         if wave is None:
             continue  # a "before" point opens the next wave; it closes none
-        responses = by_wave.get(wave, [])
-        rates = window(before.data, after.data)
-        out.append({"wave": wave, "ended": after.ts, "responses": len(responses),
-                    "correct": sum(view.correct(e) for e in responses),
-                    "all_correct": bool(responses) and all(view.correct(e) for e in responses),
-                    "hit_rate": rates["hit_rate_tokens"], "metrics_ref": after.ref})
+        right = [view.correct(e) for e in by_wave.get(wave, [])]
+        rates = event_window(view, before, after)
+        out.append({"wave": wave, "ended": after.ts, "responses": len(right), "correct": sum(right),
+                    "all_correct": bool(right) and all(right), "hit_rate": rates["hit_rate_tokens"],
+                    "metrics_ref": after.ref})
     return out
 
 

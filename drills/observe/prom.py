@@ -30,3 +30,13 @@ def parse(text: str, prefixes: tuple[str, ...] = KEPT_PREFIXES) -> dict[str, flo
 def total(samples: dict[str, float], name: str) -> float:
     """Sum of a metric over all its label sets (``name`` without labels)."""
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def by_metric(samples: dict[str, float]) -> dict[str, list[float]]:
+    """The values of each metric over its label sets, in one pass over ``samples``: ``sum(by.get(name,
+    ()))`` is ``total(samples, name)``, the same values added in the same order. A metrics window asks
+    for nine names on each side, on every wave of a run."""
+    out: dict[str, list[float]] = {}
+    for k, v in samples.items():
+        out.setdefault(k.partition("{")[0], []).append(v)
+    return out

@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 
 
 def write_reports(run_dir: Path, scenario_path: Path, history: History, outcome: Outcome) -> None:
-    doc = verdict_document(scenario_path, history, outcome)
-    (run_dir / "verdict.json").write_text(verdict_text(doc))
-    versions = next((e.data for e in history.of_type("versions")), {})
-    reported = next((e.data for e in history.of_type("versions.reported")), {})
-    (run_dir / "versions.json").write_text(json.dumps({**versions, "reported": reported}, indent=2) + "\n")
-    write_documents(run_dir, doc, history)
+    with history.sharing():  # verdict.json, the record and the pages read the same phases
+        doc = verdict_document(scenario_path, history, outcome)
+        (run_dir / "verdict.json").write_text(verdict_text(doc))
+        versions = next((e.data for e in history.of_type("versions")), {})
+        reported = next((e.data for e in history.of_type("versions.reported")), {})
+        (run_dir / "versions.json").write_text(json.dumps({**versions, "reported": reported}, indent=2) + "\n")
+        write_documents(run_dir, doc, history)
 
 
 def write_documents(out_dir: Path, doc: dict[str, Any], history: History, base: str = "") -> None:
@@ -33,6 +34,11 @@ def write_documents(out_dir: Path, doc: dict[str, Any], history: History, base: 
     The record and the page read raw journal shapes beyond the checkers' evidence contract, so a
     failure there is written down in report.md (and record.json says it) instead of costing the run
     its report: the verdict and JUnit files never depend on them."""
+    with history.sharing():  # the record, the page and report.md read the same phases
+        _write_documents(out_dir, doc, history, base)
+
+
+def _write_documents(out_dir: Path, doc: dict[str, Any], history: History, base: str) -> None:
     (out_dir / "junit.xml").write_text(junit_xml(doc))
     problems: list[str] = []
     try:

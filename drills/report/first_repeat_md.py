@@ -20,7 +20,7 @@ def _cell(part: dict[str, Any] | None, num: str, den: str, rate: str) -> str:
 
 
 def first_repeat_section(history: History) -> list[str]:
-    phases = all_phases(RunView(history))
+    phases = all_phases(RunView.of(history))
     if not phases:
         return []
     out = ["", "## First sends vs repeats", "",

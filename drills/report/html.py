@@ -23,27 +23,27 @@ _env.filters["cell"] = cell_text
 MAX_FAILING_ROWS = 200  # a 100,000-request run can have that many wrong answers; verdict.json keeps them all
 
 
-def failing_requests(doc: dict[str, Any], history: History) -> list[dict[str, Any]]:
-    """Every wrong or failed answer the correctness check names, with the finish reason from its response."""
-    by_ref = {e.ref: e for e in history.of_type("response")}
+def failing_requests(doc: dict[str, Any], history: History, limit: int | None = None) -> tuple[list[dict[str, Any]], int]:
+    """The wrong or failed answers the correctness check names (the first ``limit``, with the finish
+    reason from each one's response), and how many there are."""
+    found = [ev for c in doc["checks"] if c["name"] == "correctness" for ev in c["evidence"] if ev.get("kind") == "response"]
+    shown = found[:limit]
+    # only the rows shown are looked up: a 100,000-request run names tens of thousands
+    refs = {ev.get("ref") for ev in shown}
+    by_ref = {e.ref: e for e in history.of_type("response") if e.ref in refs} if refs else {}
     out = []
-    for c in doc["checks"]:
-        if c["name"] != "correctness":
-            continue
-        for ev in c["evidence"]:
-            if ev.get("kind") != "response":
-                continue
-            resp = by_ref.get(ev.get("ref"))
-            out.append({**ev, "finish_reason": resp.data.get("finish_reason") if resp else None,
-                        "outcome": "wrong" if "first_diff_token" in ev else "failed"})
-    return out
+    for ev in shown:
+        resp = by_ref.get(ev.get("ref"))
+        out.append({**ev, "finish_reason": resp.data.get("finish_reason") if resp else None,
+                    "outcome": "wrong" if "first_diff_token" in ev else "failed"})
+    return out, len(found)
 
 
 def render_html(doc: dict[str, Any], history: History, record: dict[str, Any], *, base: str = "") -> str:
     """``base`` is the way from where the page is written to the run directory ("" in it, "../../" from
     RUN/analysis/<ts>/), so the links to the journal and the logs work from either."""
-    view = RunView(history)
-    failing = failing_requests(doc, history)
+    view = RunView.of(history)
+    failing, failing_total = failing_requests(doc, history, MAX_FAILING_ROWS)
     versions = next((e.data for e in history.of_type("versions")), {})
     figures = {
         "timeline": plots.timeline(history),
@@ -58,7 +58,7 @@ def render_html(doc: dict[str, Any], history: History, record: dict[str, Any], *
     raw += [(f"{name} log", path) for name, path in record["logs"].items() if name != "journal"]
     return _env.get_template("report.html.j2").render(
         doc=doc, headline=headline(doc), record=record, record_rows=flatten(record), figures=figures,
-        failing=failing[:MAX_FAILING_ROWS], failing_total=len(failing), faults=plots.fault_spans(history), verdict_faults=doc["faults"],
+        failing=failing, failing_total=failing_total, faults=plots.fault_spans(history), verdict_faults=doc["faults"],
         heals=doc["heals"], phases=plots.phase_spans(history), versions=flatten(versions) if versions else [],
         links=own + [(label, base + path) for label, path in raw], colours=plots.OUTCOME_COLOURS,
         responses=len(view.responses), why_missing=why_missing,

@@ -43,16 +43,27 @@ def _key(k: Any) -> str:
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
 
 
+def _bool(o: bool) -> str:
+    return "true" if o else "false"
+
+
+def _null(o: None) -> str:
+    return "null"
+
+
+# exact types only (a subclass takes the isinstance path in _encode, as in the stdlib): one lookup per value
+# instead of a chain of tests, and a container's scalar members are written in its own loop, with no call
+# per member (verdict.json is mostly flat evidence dicts of scalars)
+_SCALARS = {str: encode_basestring_ascii, int: int.__repr__, float: _float, bool: _bool, type(None): _null}
+
+
 def _encode(o: Any, out: list[str], level: int) -> None:
-    if isinstance(o, str):
+    scalar = _SCALARS.get(type(o))
+    if scalar is not None:
+        out.append(scalar(o))
+    elif isinstance(o, str):
         out.append(encode_basestring_ascii(o))
-    elif o is None:
-        out.append("null")
-    elif o is True:
-        out.append("true")
-    elif o is False:
-        out.append("false")
-    elif isinstance(o, int):
+    elif isinstance(o, int):  # bool is exact, above
         out.append(int.__repr__(o))
     elif isinstance(o, float):
         out.append(_float(o))
@@ -61,27 +72,31 @@ def _encode(o: Any, out: list[str], level: int) -> None:
             out.append("[]")
             return
         inner = "\n" + INDENT * (level + 1)
-        out.append("[" + inner)
-        first = True
+        pre = "[" + inner
         for item in o:
-            if not first:
-                out.append("," + inner)
-            first = False
-            _encode(item, out, level + 1)
+            scalar = _SCALARS.get(type(item))
+            if scalar is not None:
+                out.append(pre + scalar(item))
+            else:
+                out.append(pre)
+                _encode(item, out, level + 1)
+            pre = "," + inner
         out.append("\n" + INDENT * level + "]")
     elif isinstance(o, dict):
         if not o:
             out.append("{}")
             return
         inner = "\n" + INDENT * (level + 1)
-        out.append("{" + inner)
-        first = True
+        pre = "{" + inner
         for k, v in o.items():
-            if not first:
-                out.append("," + inner)
-            first = False
-            out.append(_key(k) + ": ")
-            _encode(v, out, level + 1)
+            key = encode_basestring_ascii(k) if type(k) is str else _key(k)
+            scalar = _SCALARS.get(type(v))
+            if scalar is not None:
+                out.append(pre + key + ": " + scalar(v))
+            else:
+                out.append(pre + key + ": ")
+                _encode(v, out, level + 1)
+            pre = "," + inner
         out.append("\n" + INDENT * level + "}")
     else:
         raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")

@@ -195,7 +195,7 @@ def _fallback_section(history: History) -> list[str]:
     """What the engine did while the faults held: served from the cache, recomputed, failed, or hung."""
     from drills.checkers.base import RunView
 
-    view = RunView(history)
+    view = RunView.of(history)
     chaos = view.phase_responses("chaos")
     if not chaos:
         return []
@@ -226,7 +226,7 @@ def _latency_section(history: History) -> list[str]:
     from drills.checkers.slo import break_even, phase_latency
     from drills.scenario import SloCheck
 
-    view, opts = RunView(history), SloCheck()
+    view, opts = RunView.of(history), SloCheck()
     rows = [(f"recompute ({view.oracle_source()['judge']} oracle)", phase_latency(view, "oracle", view.oracle_target(), opts))]
     rows += [(p, phase_latency(view, p, "engine", opts)) for p in ("warm", "steady", "chaos", "recovery")]
     rows = [(name, r) for name, r in rows if r and r["ttft_s"]["p50"] is not None]

@@ -50,7 +50,7 @@ def record_text(record: dict[str, Any]) -> str:
 
 
 def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
-    view = RunView(history)
+    view = RunView.of(history)
     gaps = _Gaps()
     started = history.first("run.started")
     model = (started.data.get("scenario_model") or {}) if started else {}

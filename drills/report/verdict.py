@@ -22,7 +22,7 @@ def verdict_text(doc: dict[str, Any]) -> str:
 
 
 def verdict_document(scenario_path: Path, history: History, outcome: Outcome) -> dict[str, Any]:
-    view = RunView(history)
+    view = RunView.of(history)
     rates = {p: r for p in ("steady", "chaos", "recovery") if (r := phase_rates(view, p)) is not None}
     chaos = rates.get("chaos") or {}
     correctness = next((c for c in outcome.checks if c.name == "correctness"), None)

@@ -3,7 +3,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drills.journal import Journal, read_history
+from drills.journal import Event, History, Journal, read_history
 
 
 def test_append_and_read_back(tmp_path):
@@ -51,3 +51,29 @@ def test_any_bytes_read_as_a_history_without_raising(tmp_path_factory, data):
     path.write_bytes(data)
     history = read_history(path)
     assert all(p.startswith(path.name) for p in history.problems)  # its name: verdict.json is location-free
+
+
+def _history(types: str) -> History:
+    return History(events=[Event(seq=i, ts=float(i), type=t, phase="p", data={}) for i, t in enumerate(types, 1)])
+
+
+def test_events_by_type_come_in_journal_order_and_follow_changes_to_the_events():
+    h = _history("abcab")
+    assert [e.seq for e in h.of_type("b", "a")] == [1, 2, 4, 5] and [e.seq for e in h.of_type("c")] == [3]
+    assert h.first("b").seq == 2 and h.first("z") is None
+    h.events.append(Event(seq=6, ts=6.0, type="c", phase="p", data={}))  # a reader appending after a question
+    assert [e.seq for e in h.of_type("c")] == [3, 6]
+    h.events = h.events[:2]  # a cut copy assigned
+    assert list(h.of_type("c")) == [] and [e.seq for e in h.of_type("a", "b")] == [1, 2]
+
+
+def test_what_is_derived_is_shared_inside_a_sharing_block_and_let_go_after_it():
+    h = _history("ab")
+    assert h.derived("k", object) is not h.derived("k", object)  # outside a block: built every time
+    with h.sharing():
+        with h.sharing():
+            shared = h.derived("k", object)
+        assert h.derived("k", object) is shared  # the outer block still holds it
+        h.events = h.events[:1]
+        assert h.derived("k", object) is not shared  # other events: built again
+    assert h._derived == {}  # nothing derived (a view refers back to the events) outlives the block

@@ -5,7 +5,10 @@ Chromium render is tests/real/test_html_report.py). The flagship fixture is a re
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -154,6 +157,58 @@ def test_the_hit_rate_picture_shows_hits_while_answers_are_wrong():
     assert windows["steady"]["hit_rate"] == 1.0 and (windows["steady"]["correct"], windows["steady"]["judged"]) == (4, 4)
     assert windows["chaos"]["hit_rate"] == 1.0 and (windows["chaos"]["correct"], windows["chaos"]["judged"]) == (0, 4)
     assert windows["recovery"]["correct_rate"] == 1.0
+
+
+def _many_waves(tmp_path: Path, waves: int) -> Path:
+    """A steady phase of ``waves`` waves of two prompts: wave k looks up 200 tokens and hits 10*k of them,
+    and its second answer is wrong from wave 11 on."""
+    j = Journal(tmp_path)
+    j.append("run.started", run_id="r", scenario="s.yaml")
+    j.phase = "oracle"
+    for pid in (0, 1):
+        j.append("response", request_id=f"o{pid}", prompt_id=pid, target="baseline", wave=1, ok=True, token_ids=[pid])
+    j.phase = "steady"
+    hit = req = 0.0
+    j.append("observe.metrics", point="before", wave=None, engine={},
+             lmcache={"lmcache_mp_lookup_hit_tokens_total": hit, "lmcache_mp_lookup_requested_tokens_total": req})
+    for k in range(1, waves + 1):
+        for pid in (0, 1):
+            wrong = pid == 1 and k > 10
+            j.append("response", request_id=f"s{k}-{pid}", prompt_id=pid, target="engine", wave=k, ok=True,
+                     token_ids=[9 if wrong else pid])
+        hit, req = hit + 10 * k, req + 200
+        j.append("observe.metrics", point=f"wave{k}", wave=k, engine={},
+                 lmcache={"lmcache_mp_lookup_hit_tokens_total": hit, "lmcache_mp_lookup_requested_tokens_total": req})
+    j.close()
+    return tmp_path
+
+
+def test_a_phase_of_many_waves_is_drawn_in_buckets_of_consecutive_waves(tmp_path):
+    from drills.checkers.base import RunView
+
+    windows = plots.hit_windows(RunView(read_history(_many_waves(tmp_path, 20))))
+    assert len(windows) == plots.MAX_BARS_PER_PHASE and sum(w["waves"] for w in windows) == 20
+    # each bucket: the hits over the looked-up tokens of its waves, its answers counted
+    assert [w["waves"] for w in windows] == [3, 3, 4, 3, 3, 4]
+    assert windows[0]["hit_rate"] == (10 + 20 + 30) / 600 and (windows[0]["correct"], windows[0]["judged"]) == (6, 6)
+    assert windows[3]["hit_rate"] == (110 + 120 + 130) / 600 and (windows[3]["correct"], windows[3]["judged"]) == (3, 6)
+    assert sum(w["judged"] for w in windows) == 40 and sum(w["correct"] for w in windows) == 30
+    few = plots.hit_windows(RunView(read_history(_many_waves(tmp_path / "few", 4))))
+    assert [w["waves"] for w in few] == [1, 1, 1, 1]  # up to the limit, a bar is a wave
+    assert plots.hit_rate_vs_correctness(read_history(tmp_path)) is not None
+
+
+def test_overlapping_requests_are_drawn_as_their_union():
+    assert plots._union([(3.0, 1.0), (0.0, 1.0), (0.5, 1.0), (1.5, 0.5)]) == [(0.0, 1.5), (1.5, 0.5), (3.0, 1.0)]
+
+
+def test_matplotlib_is_imported_by_the_first_picture_not_with_the_report_modules():
+    code = ("import sys; import drills.report.html, drills.report.plots, drills.analyze; "
+            "assert 'matplotlib' not in sys.modules, 'imported'")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("src", ALL, ids=lambda p: p.name)

@@ -5,9 +5,11 @@ what the journal holds."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drills.checkers.base import RunView
-from drills.checkers.slo import check, percentiles
+from drills.checkers.slo import check, percentile, percentiles, phase_latency
 from drills.journal import Journal, read_history
 from drills.scenario import SloCheck
 from tests.drills.checkers.journals import ORACLE, metrics
@@ -76,3 +78,20 @@ def test_absolute_slos_and_a_missing_baseline(tmp_path):
 def test_when_the_cache_is_slower_even_unthrottled_nothing_breaks_even(tmp_path):
     be = check(journal(tmp_path, {"steady": 0.300}), SloCheck(enabled=True, phases=["chaos"])).details["break_even"]
     assert be["serial_bytes_per_s"] is None and "no link bandwidth breaks even" in be["note"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=60, allow_nan=False), min_size=1, max_size=300))
+def test_percentiles_are_the_inclusive_quantiles_one_by_one(values):
+    assert percentiles(values) == {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
+
+
+def test_a_phase_latency_is_computed_once_per_view_and_handed_out_as_a_copy(tmp_path):
+    view = journal(tmp_path, {"steady": 0.100})
+    first = phase_latency(view, "steady", "engine", SloCheck())
+    first["ttft_s"]["p50"] = -1.0
+    again = phase_latency(view, "steady", "engine", SloCheck())
+    assert again["ttft_s"]["p50"] == pytest.approx(0.100) and again == phase_latency(RunView(view.history), "steady",
+                                                                                        "engine", SloCheck())
+    # the options the answer depends on are part of what it is remembered by
+    assert phase_latency(view, "steady", "engine", SloCheck(ttft_p95_max=0.05))["goodput_fraction"] == 0.0
