@@ -42,15 +42,19 @@ def _who() -> str:
     return "root" if uid == 0 else f"uid {uid}"
 
 
-def check_dir(path: Path, what: str = "run directory") -> Path:
-    """``path`` is a real directory (not a symlink) owned by the invoking user; returns it resolved."""
-    path = Path(os.path.normpath(path))
+def _lstat(path: Path, what: str) -> os.stat_result:
     try:
-        st = os.lstat(path)
+        return os.lstat(path)
     except FileNotFoundError:
         raise RunDirError(f"no {what} {path}") from None
     except OSError as exc:
         raise RunDirError(f"{what} {path}: {exc.strerror}") from None
+
+
+def check_dir(path: Path, what: str = "run directory") -> Path:
+    """``path`` is a real directory (not a symlink) owned by the invoking user; returns it resolved."""
+    path = Path(os.path.normpath(path))
+    st = _lstat(path, what)
     if stat.S_ISLNK(st.st_mode):
         raise RunDirError(f"{what} {path} is a symlink (to {os.readlink(path)}): refused, a run directory is "
                           "read where it is")
@@ -64,12 +68,7 @@ def check_dir(path: Path, what: str = "run directory") -> Path:
 
 def check_file(path: Path, what: str = "file") -> os.stat_result:
     """``path`` is a regular file, not a symlink, owned by the invoking user (without opening it)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise RunDirError(f"no {what} {path}") from None
-    except OSError as exc:
-        raise RunDirError(f"{what} {path}: {exc.strerror}") from None
+    st = _lstat(path, what)
     if not stat.S_ISREG(st.st_mode):
         raise RunDirError(f"{what} {path} is {_kind(st.st_mode)}: refused, only a regular file is read")
     if not _owner_ok(st):

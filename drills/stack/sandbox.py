@@ -314,15 +314,18 @@ class SandboxStack(ProcessStack):
         files of earlier drills in the L2 (a run-owned L2 filesystem is small, and earlier drills' files
         would fill it). Their prompts came from other seeds, so no key of the next drill is touched."""
         cleared = await self.clear_l1()
+        return {"l1": cleared, **self._remove_l2_files("*.data")}
+
+    def _remove_l2_files(self, pattern: str) -> dict[str, int]:
         removed, freed = 0, 0
-        for f in self.l2_dir.glob("*.data"):
+        for f in self.l2_dir.glob(pattern):
             try:
                 freed += f.stat().st_size
                 f.unlink()
                 removed += 1
             except FileNotFoundError:
                 pass
-        return {"l1": cleared, "l2_files_removed": removed, "l2_bytes_freed": freed}
+        return {"l2_files_removed": removed, "l2_bytes_freed": freed}
 
     async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0) -> dict[str, Any]:
         """After the salted oracle: once LMCache has no store in flight, empty L1 (it holds nothing else yet:
@@ -337,15 +340,7 @@ class SandboxStack(ProcessStack):
                 break
             await asyncio.sleep(0.25)
         cleared = await self.clear_l1()
-        removed, freed = 0, 0
-        for f in self.l2_dir.glob(f"*@{salt_prefix}*.data"):
-            try:
-                freed += f.stat().st_size
-                f.unlink()
-                removed += 1
-            except FileNotFoundError:
-                pass
-        return {"stores_idle": idle, "l1": cleared, "l2_files_removed": removed, "l2_bytes_freed": freed}
+        return {"stores_idle": idle, "l1": cleared, **self._remove_l2_files(f"*@{salt_prefix}*.data")}
 
     async def clear_l1(self) -> dict[str, Any]:
         r = await self.http.post(f"{self.url('lmcache')}/cache/clear", json={"force": False}, timeout=30)

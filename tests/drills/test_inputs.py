@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,21 +14,9 @@ from drills import inputs, rundir
 from drills.cli import app
 from drills.journal import Journal, read_history
 from drills.scenario import ScenarioError, load_scenario
+from tests.no_hang import no_hang
 
 runner = CliRunner()
-
-
-@contextmanager
-def _no_hang(seconds: int = 10) -> Iterator[None]:
-    def fire(*_):
-        raise TimeoutError("blocked on a special file")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_special_and_huge_scenario_files_are_refused_with_a_message(tmp_path):
@@ -39,7 +24,7 @@ def test_special_and_huge_scenario_files_are_refused_with_a_message(tmp_path):
     os.mkfifo(fifo)
     huge = tmp_path / "huge.yaml"
     huge.write_text("name: x\n" + "# padding\n" * (inputs.MAX_SCENARIO_BYTES // 10 + 1))
-    with _no_hang():
+    with no_hang():
         result = runner.invoke(app, ["validate", "/dev/zero", str(fifo), str(huge)])
     assert result.exit_code == 2
     assert "/dev/zero is a character device: refused" in result.output
@@ -114,7 +99,7 @@ def test_compare_names_the_file_and_line_of_a_broken_document(tmp_path):
     assert result.exit_code == 2 and "verdict.json: checks.0" in result.output, result.output
     (run / "verdict.json").unlink()
     os.mkfifo(run / "record.json")
-    with _no_hang():
+    with no_hang():
         result = runner.invoke(app, ["compare", str(run), str(run)])
     assert result.exit_code == 2 and "FIFO" in result.output
 

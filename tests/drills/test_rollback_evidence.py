@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from drills.journal import Journal, JournalError, read_history
 from drills.procstat import start_ticks
 from drills.rundir import RunDirError, check_run, read_limited, resolve_run
 from injectors.base import HealReport
+from tests.no_hang import no_hang
 
 
 def _journal(run: Path, *, started_ts: float | None = None) -> Journal:
@@ -46,20 +46,6 @@ def _sha(p: Path) -> str:
 
 def _failed(report: rb.RollbackReport) -> list[str]:
     return [i.what for i in report.of("failed")]
-
-
-@contextmanager
-def _alarm(seconds: int) -> Iterator[None]:
-    """A FIFO that is opened blocking would hang the test: fail it instead."""
-    def fire(*_):
-        raise TimeoutError("blocked: a special file was opened blocking")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture
@@ -125,7 +111,7 @@ def test_a_fifo_journal_is_refused_without_blocking(tmp_path, verb):
     run = tmp_path / "run"
     run.mkdir()
     os.mkfifo(run / "journal.jsonl")
-    with _alarm(10):
+    with no_hang(10):
         result = CliRunner().invoke(app, [verb, str(run)])
         with pytest.raises(InputFileError, match="FIFO"):
             read_limited(run / "journal.jsonl", 1 << 20, "journal")
