@@ -91,8 +91,8 @@ class Journal:
 class History:
     """A journal read back: the events, plus what could not be decoded (never an exception).
 
-    The checkers and the report writers ask for events by type hundreds of times; on a 100,000-request
-    run a scan of all events per question was seconds of ``kvdrill analyze`` (bench/analyze.py), so the
+    The checkers and the report writers ask for events by type hundreds of times, and on a
+    100,000-request run a scan of all events per question costs seconds (bench/analyze.py), so the
     events are indexed by type on the first question. What is derived from the events for several
     readers (the checkers' RunView) is shared through ``derived`` inside a ``sharing()`` block. Both
     are rebuilt when ``events`` changes (a reader appending, a cut copy assigned)."""
@@ -186,8 +186,7 @@ def _as_array(raw: bytes) -> tuple[list[Any], int]:
     """The journal's lines decoded as one JSON array, and how many lines there are. Built with as few
     copies of a journal of 100 MB and more as the stdlib allows (decoded once; every newline but a
     final one made a comma; joined between brackets): each copy is fresh memory for the kernel to
-    hand out, and two copies fewer than stripping and concatenating were 0.2-0.3 s of a 100,000-request
-    analysis."""
+    hand out, about 0.1 s per 100 MB here, and stripping and concatenating would make two more."""
     text = raw.decode("utf-8")
     if not text or text.isspace():
         return [], 0

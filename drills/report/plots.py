@@ -44,9 +44,9 @@ class Span:
 def _pyplot() -> Any:
     """matplotlib.pyplot, imported by the first picture, in a thread of its own. matplotlib's import parses
     its settings with pyparsing, whose caught parse errors stay in reference cycles with the frames that
-    raised them, and a frame holds its callers: imported from a report writer, that kept the writer's
-    locals (on ``kvdrill analyze``, the whole journal) alive until the cyclic collector ran, which
-    analyze pauses, so a 100,000-request run ended with a second of collecting and freeing."""
+    raised them, and a frame holds its callers: imported from a report writer, they would keep the
+    writer's locals (on ``kvdrill analyze``, the whole journal) alive until the cyclic collector runs,
+    which analyze pauses: about a second of collecting and freeing at the end of a 100,000-request run."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-matplotlib") as pool:
         return pool.submit(_import_pyplot).result()
 
@@ -208,7 +208,7 @@ def hit_windows(view: RunView) -> list[dict[str, Any]]:
     engine's answers finished in between that were correct. Each pair of snapshots (a wave) is one
     window up to ``MAX_BARS_PER_PHASE`` per phase; a phase of more waves is split into that many
     buckets of consecutive waves, their counter deltas and answers summed (a 100,000-request run has
-    1,672 waves: one bar each was most of its analysis time, and no reader can tell them apart)."""
+    1,672 waves: one bar each would be most of its analysis time, and no reader can tell them apart)."""
     base, kind_of = t0(view.history), outcomes(view)
     out = []
     for phase in ("warm", "steady", "chaos", "recovery"):
