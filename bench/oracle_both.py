@@ -38,7 +38,7 @@ from drills.runner import make_stack
 from drills.scenario import load_scenario
 from drills.sse_http import SsePool
 from drills.stack.sandbox import SERVED_MODEL
-from drills.workload import EngineClient, build_prompts, send_wave
+from drills.workload import EngineClient, build_prompts, oracle_salt, send_wave
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = HERE.parent / "scenarios"
@@ -85,10 +85,11 @@ async def campaign(ref: str, limit: int | None) -> dict:
                 journal.phase = "oracle"
                 base = await send_wave(baseline, prompts, wl, journal, target="baseline", wave=n)
                 salted = await send_wave(engine, prompts, wl, journal, target="oracle", wave=n,
-                                         cache_salt=lambda p, tag=tag: f"kvdrill-oracle-{tag}-{p.name}")
+                                         cache_salt=lambda p, tag=tag: oracle_salt(tag, p))
                 lmc = prom.parse(await stack.cache_metrics_text())
+                salts = {p.id: oracle_salt(tag, p) for p in prompts}
                 for b, s in zip(base, salted):
-                    salt = f"kvdrill-oracle-{tag}-p{s.prompt_id}"
+                    salt = salts[s.prompt_id]
                     hit = sum(v for k, v in lmc.items() if k.startswith(LMC_HIT + "{") and f'cache_salt="{salt}"' in k)
                     if not (b.ok and s.ok) or b.token_ids != s.token_ids:
                         differences.append({"scenarios": users, "seed": seed, "prompt": s.prompt_id,
@@ -99,7 +100,7 @@ async def campaign(ref: str, limit: int | None) -> dict:
                                          "lmcache_salt_hits": hit})
                 rows.append({"scenarios": users, "seed": seed, "prompts": len(prompts),
                              "prompt_tokens": [len(p.token_ids) for p in prompts][:3], "max_tokens": wl.max_tokens})
-                await stack.drop_salted(f"kvdrill-oracle-{tag}-")
+                await stack.drop_salted(oracle_salt(tag))
                 print(f"{n + 1}/{len(sets)} seed {seed} ({', '.join(users)}): {len(prompts)} prompts, "
                       f"{len(differences)} differences so far", flush=True)
         finally:

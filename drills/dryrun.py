@@ -316,7 +316,8 @@ def _model(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     if view.ref not in ("sandbox", "sandbox-docker"):
         fp.problems.append("model faults swap weights on the sandbox stack: stack.ref: sandbox or sandbox-docker")
         return
-    fp.targets.append({"services": list(UPGRADED), "served_path": p.served_path,
+    services = [s for s in UPGRADED if s != "baseline" or sc.stack.baseline]  # the baseline where one runs
+    fp.targets.append({"services": services, "served_path": p.served_path,
                        "v1": {"path": str(view.model_dir / "model.safetensors")},
                        "v2": {"path": str(derived_weights_path(view.model_dir, p.seed, p.scale))}})
     fp.seeded["v2_weight_noise"] = (f"params.seed {p.seed}, scale {p.scale}: explicit so the derived weights are "

@@ -51,7 +51,7 @@ from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
-from drills.workload import EngineClient, PromptSet, build_prompts, send_wave
+from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave
 from injectors.base import InjectionContext, InjectionError, Injector, registry
 from injectors.process import ProcessFault
 
@@ -257,7 +257,8 @@ class Runner:
                                 **({"image": image} if image else {}))
 
         engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
-        self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py)
+        self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py), the salted oracle
+        self._http = http
         # the engine's tokenizer is the baseline's (same model files): prompts need no baseline engine
         self.prompts = await build_prompts(engine, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
@@ -326,28 +327,45 @@ class Runner:
                 "both": "salted engine answers and baseline answers, which must agree"}[mode]
         with self._phase("oracle", what):
             self.journal.append("oracle.source", mode=mode, judge=judge, why=chosen, default=default)
-            if mode in ("baseline", "both"):
-                baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, http,
-                                        sse=SsePool(self.stack.url("baseline")))
-                answers = await send_wave(baseline, every, sc.workload, self.journal, target="baseline", wave=1)
-                failed = [r.request_id for r in answers if not r.ok]
-                if failed:
-                    raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
-            if mode in ("salted", "both"):
-                run_tag = uuid.uuid4().hex[:12]  # fresh per run: a salt no earlier request can have used
-                await self._metrics_point("before", wave=None)
-                answers = await send_wave(engine, every, sc.workload, self.journal, target="oracle", wave=1,
-                                          cache_salt=lambda p: f"kvdrill-oracle-{run_tag}-{p.name}",
-                                          on_failure=lambda: self._service_state("engine"))
-                await self._metrics_point("oracle", wave=1)
-                failed = [r.request_id for r in answers if not r.ok]
-                if failed:
-                    raise DrillError(f"the engine failed salted oracle requests {failed}: no oracle, no verdict")
-                result = oracle_check.check(RunView(read_history(self.journal.path)))
-                if result.verdict != "pass":
-                    self.journal.append("oracle.rejected", summary=result.summary, evidence=result.evidence)
-                    raise OracleRejected(f"oracle: {result.summary}")
-                self.journal.append("oracle.cleanup", **await self.stack.drop_salted(f"kvdrill-oracle-{run_tag}-"))
+            await self._oracle_wave(every)
+
+    async def _oracle_wave(self, prompts: PromptSet, oracle_set: str | None = None) -> dict[int, list[int]]:
+        """One oracle answer per prompt from the scenario's oracle, returned as the judging answers' token
+        ids. Used by the oracle phase and, with ``oracle_set``, by a fault that changes what the right answer
+        is (a model upgrade asks it again once v2 serves). A salted wave is proven cold at once (the oracle
+        check over the journal so far); one served from a cache stops the drill (OracleRejected)."""
+        sc = self.scenario
+        mode = sc.oracle or "baseline"
+        tag = {"oracle_set": oracle_set} if oracle_set else {}
+        judged: dict[int, list[int]] = {}
+        if mode in ("baseline", "both"):
+            baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, self._http,
+                                    sse=SsePool(self.stack.url("baseline")))
+            answers = await send_wave(baseline, prompts, sc.workload, self.journal, target="baseline", wave=1, **tag)
+            failed = [r.request_id for r in answers if not r.ok]
+            if failed:
+                raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
+            judged = {a.prompt_id: a.token_ids for a in answers}
+        if mode in ("salted", "both"):
+            run_tag = uuid.uuid4().hex[:12]  # fresh per wave: a salt no earlier request can have used
+            await self._metrics_point("before", wave=None, **tag)
+            answers = await send_wave(self._engine, prompts, sc.workload, self.journal, target="oracle", wave=1,
+                                      cache_salt=lambda p: oracle_salt(run_tag, p), **tag,
+                                      on_failure=lambda: self._service_state("engine"))
+            await self._metrics_point("oracle", wave=1, **tag)
+            failed = [r.request_id for r in answers if not r.ok]
+            if failed:
+                raise DrillError(f"the engine failed salted oracle requests {failed}: no oracle, no verdict")
+            result = oracle_check.check(RunView(read_history(self.journal.path)))
+            if result.verdict != "pass":
+                self.journal.append("oracle.rejected", summary=result.summary, evidence=result.evidence, **tag)
+                raise OracleRejected(f"oracle: {result.summary}")
+            # the first wave finds L1 holding nothing else yet; a later one (v2's, during chaos) must leave
+            # the drill's own chunks in L1, so only the salted L2 files go
+            dropped = await self.stack.drop_salted(oracle_salt(run_tag), clear_l1=oracle_set is None)
+            self.journal.append("oracle.cleanup", **dropped, **tag)
+            judged = {a.prompt_id: a.token_ids for a in answers}
+        return judged
 
     async def _plan(self, i: int, fault, params) -> Injector:
         """Build and plan a fault; a triggered one is planned before it is armed, so when its condition
@@ -359,7 +377,8 @@ class Runner:
                                prompts=self.prompts, landing_probe=self._store_probe().observe,
                                chaos_prompts=self.fresh or self.prompts, workload=sc.workload,
                                oracle_tokens={pid: e.data["token_ids"] for pid, e in
-                                              RunView(read_history(self.journal.path)).oracle().items()})
+                                              RunView(read_history(self.journal.path)).oracle().items()},
+                               oracle_wave=self._oracle_wave)
         injector = registry()[fault.injector](params, ctx)
         targets = await injector.plan()
         # nothing is touched before every target passed the isolation rules (refusal: verdict ERROR)
@@ -437,12 +456,14 @@ class Runner:
             self.journal.append("observe.log", service=self.stack.cache_log.removesuffix(".log"),
                                 file=f"logs/{self.stack.cache_log}", matches=logs.matches_since(mark))
 
-    async def _metrics_point(self, point: str, wave: int | None) -> None:
+    async def _metrics_point(self, point: str, wave: int | None, **tag: Any) -> None:
+        """One scrape of both metric endpoints. ``tag`` (``oracle_set``) marks the points around an oracle
+        wave sent during a fault: they prove that wave cold and stay out of the phase's own windows."""
         lmc = prom.parse(await self._metrics_or_empty("cache"))
         eng = prom.parse(await self._metrics_or_empty("engine"))
         engine = self.stack.driver.services.get("engine")
         self.journal.append("observe.metrics", point=point, wave=wave,
-                            engine_generation=engine.generation if engine else None, lmcache=lmc, engine=eng)
+                            engine_generation=engine.generation if engine else None, lmcache=lmc, engine=eng, **tag)
 
     async def _metrics_or_empty(self, service: str) -> str:
         """A dead or frozen service has no metrics; that is evidence for liveness, not a crash."""

@@ -428,18 +428,14 @@ class Scenario(_Strict):
                           "each such request proven cold (vLLM's cached_tokens 0, LMCache's hit counters for the "
                           "salt 0); baseline: a second vLLM without KV connector or prefix cache; both: the two, "
                           "which must agree token for token. Default: salted on stacks whose KV tier keys by the "
-                          "salt (" + ", ".join(SALT_HONOURED) + "), baseline elsewhere and for a model fault")
+                          "salt (" + ", ".join(SALT_HONOURED) + "), baseline elsewhere")
 
     @model_validator(mode="after")
     def _resolve_oracle(self) -> Scenario:
         """Fill in the oracle and whether the stack starts a baseline engine, so the journal, the stack
         pool's reuse key and the report all see the resolved choice."""
-        needs_baseline = [f.injector for f in self.chaos.faults if f.injector in BASELINE_FAULTS]
         if self.oracle is None:
             self.oracle = default_oracle(self)[0]
-        elif self.oracle == "salted" and needs_baseline:
-            raise ValueError(f"oracle: salted cannot judge a {needs_baseline[0]} fault: it serves the upgraded "
-                             "weights' no-cache answers from the baseline engine; use oracle: baseline or both")
         wants = self.oracle in ("baseline", "both")
         if self.stack.baseline is None:
             self.stack.baseline = wants
@@ -448,16 +444,10 @@ class Scenario(_Strict):
         return self
 
 
-# fault families that need the baseline engine beside the engine under test (injectors/model.py restarts
-# both on the upgraded weights and takes the baseline's answers as the oracle while it holds)
-BASELINE_FAULTS = ("model",)
 
 
 def default_oracle(sc: Scenario) -> tuple[OracleSource, str]:
     """The oracle a scenario gets when it names none, and why (journaled and shown in reports)."""
-    model = [f.injector for f in sc.chaos.faults if f.injector in BASELINE_FAULTS]
-    if model:
-        return "baseline", f"a {model[0]} fault takes its oracle from the baseline engine"
     if sc.stack.ref not in SALT_HONOURED:
         return "baseline", (f"{sc.stack.ref} runs LMCache in-process (LMCacheConnectorV1), which ignores "
                             "cache_salt (defect D13): a salted request could be served from the cache")

@@ -267,6 +267,12 @@ def _error_kind(exc: Exception) -> tuple[str, int | None]:
     return "protocol", None
 
 
+def oracle_salt(run_tag: str, prompt: Prompt | None = None) -> str:
+    """The salted oracle's cache_salt for one prompt, or (no prompt) the prefix every salt of that wave
+    starts with, by which its stored chunks are found and dropped. vLLM takes at most 128 characters."""
+    return f"kvdrill-oracle-{run_tag}-" + (prompt.name if prompt is not None else "")
+
+
 async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec, journal: Journal, *,
                     target: str, wave: int, on_request: Callable[[], Awaitable[None]] | None = None,
                     on_failure: Callable[[], dict[str, Any]] | None = None,
@@ -277,7 +283,7 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
 
     ``on_request`` runs as each request is sent (request-count triggers); ``on_failure`` describes the
     target service when a request fails (alive or not, its last log lines) for the liveness check.
-    ``oracle_set`` marks baseline answers that are the oracle while a fault holds (a model upgrade);
+    ``oracle_set`` marks oracle answers asked while a fault holds (a model upgrade's v2 answers);
     ``cache_salt`` gives each prompt's salt (the salted oracle), journaled with its request and response."""
     tag = {"oracle_set": oracle_set} if oracle_set else {}
     send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag, cache_salt)

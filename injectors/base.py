@@ -45,7 +45,10 @@ class InjectionContext:
     landing_probe: Callable[[], Awaitable[dict[str, Any]]] | None = None
     chaos_prompts: PromptSet | None = None  # what chaos traffic sends (fresh prompts, or ``prompts``)
     workload: WorkloadSpec | None = None
-    oracle_tokens: dict[int, list[int]] | None = None  # the no-cache baseline's answer per prompt id
+    oracle_tokens: dict[int, list[int]] | None = None  # the oracle's answer per prompt id
+    # asks the scenario's oracle again (salted, baseline or both), its answers tagged ``oracle_set``: for a
+    # fault that changes what the right answer is; returns the judging answers' token ids per prompt id
+    oracle_wave: Callable[..., Awaitable[dict[int, list[int]]]] | None = None
 
 
 @dataclass

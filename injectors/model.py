@@ -7,9 +7,11 @@ LMCache's keys name the model by that path, so v1's KV keeps being served to v2 
 row 10). With ``served_path: new`` v2 is served from a new path, as when the revision is part of the
 model name, and the keys change with it.
 
-The baseline is upgraded too, and v2's own no-cache answers are journaled as the oracle for every
-request while the fault holds; the proof is that v2 answers differently from v1 at all. Heal puts v1
-back on both engines.
+Once v2 serves, the scenario's oracle is asked again and its answers, tagged with the fault id
+(``oracle_set``), are the reference for every request while the fault holds: salted, v2 itself with a
+fresh cache_salt per prompt (proven cold like the first oracle wave), or the baseline engine, which is
+then upgraded too. The proof is that v2 answers differently from v1 at all. Heal puts v1 back on every
+engine it upgraded.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from drills.digest import sha256_file
 from drills.pins import stack_python
 from drills.stack.sandbox import SERVED_MODEL, link_model, served_dir, swap_link
-from drills.workload import EngineClient, send_wave
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 PERTURB = Path(__file__).resolve().parents[1] / "drills" / "stack" / "perturb_model.py"
-UPGRADED = ("engine", "baseline")
+UPGRADED = ("engine", "baseline")  # the baseline only where the stack runs one (oracle: baseline or both)
 
 
 class ModelParams(BaseModel):
@@ -94,13 +95,19 @@ class ModelUpgrade(Injector):
         self.injected_at: float | None = None
         self._healed = False
 
+    @property
+    def upgraded(self) -> list[str]:
+        return [s for s in UPGRADED if s != "baseline" or self.ctx.stack.with_baseline]
+
     async def plan(self) -> list[dict[str, Any]]:
         stack = self.ctx.stack
         if not hasattr(stack, "serve_model_from"):
             raise InjectionError("model: this stack cannot swap weights (stack.ref: sandbox or sandbox-docker)")
+        if self.ctx.oracle_wave is None:
+            raise InjectionError("model: no oracle to ask for v2's answers")
         self.v1 = stack.model_dir / "model.safetensors"
         self.v2 = await asyncio.to_thread(derived_weights, stack.model_dir, self.p.seed, self.p.scale)
-        return [{"services": list(UPGRADED), "served_model": SERVED_MODEL, "served_path": self.p.served_path,
+        return [{"services": self.upgraded, "served_model": SERVED_MODEL, "served_path": self.p.served_path,
                  "v1": {"path": str(self.v1), "sha256": sha256_file(self.v1)},
                  "v2": {"path": str(self.v2), "sha256": await asyncio.to_thread(sha256_file, self.v2),
                         "seed": self.p.seed, "scale": self.p.scale}}]
@@ -115,15 +122,15 @@ class ModelUpgrade(Injector):
         stack.serve_model_from(path)
         return path
 
-    async def _restart_both(self) -> None:
-        await asyncio.gather(*(self.ctx.stack.restart(name) for name in UPGRADED))
+    async def _restart_upgraded(self) -> None:
+        await asyncio.gather(*(self.ctx.stack.restart(name) for name in self.upgraded))
 
     async def inject(self) -> None:
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name,
                                 undo={"weights": str(self.v1), "served_model_dir": str(self.ctx.stack.served_model_dir),
-                                      "restart": list(UPGRADED)})
+                                      "restart": self.upgraded})
         path = self._serve(self.v2)
-        await self._restart_both()
+        await self._restart_upgraded()
         self.injected_at = time.time()
         self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
                                 model_path=str(path), weights=str(self.v2), oracle_set=self.ctx.fault_id,
@@ -132,16 +139,11 @@ class ModelUpgrade(Injector):
     async def verify(self) -> Proof:
         """v2's own no-cache answers become the oracle while the fault holds; v2 must differ from v1."""
         prompts = self.ctx.chaos_prompts or self.ctx.prompts
-        baseline = EngineClient(self.ctx.stack.url("baseline"), SERVED_MODEL, self.ctx.stack.http)
-        spec = self.ctx.workload
-        answers = await send_wave(baseline, prompts, spec, self.ctx.journal, target="baseline", wave=0,
-                                  oracle_set=self.ctx.fault_id)
-        if not all(a.ok for a in answers):
-            return Proof(False, "model: v2's baseline failed requests, so there is no v2 oracle")
+        v2 = await self.ctx.oracle_wave(prompts, oracle_set=self.ctx.fault_id)
         v1 = self.ctx.oracle_tokens or {}
-        differ = [a.prompt_id for a in answers if v1.get(a.prompt_id) is not None and a.token_ids != v1[a.prompt_id]]
+        differ = [pid for pid, tokens in v2.items() if v1.get(pid) is not None and tokens != v1[pid]]
         return Proof(bool(differ), f"v2 (seed {self.p.seed}, scale {self.p.scale:g}) served as {SERVED_MODEL!r}: "
-                                   f"its no-cache answer differs from v1's for {len(differ)}/{len(answers)} prompts",
+                                   f"its no-cache answer differs from v1's for {len(differ)}/{len(v2)} prompts",
                      [{"prompts_that_differ": differ, "oracle_set": self.ctx.fault_id}])
 
     async def heal(self) -> HealReport:
@@ -151,7 +153,7 @@ class ModelUpgrade(Injector):
             return report
         self._healed = True
         self._serve(self.v1)
-        await self._restart_both()
-        report.undone.append(f"v1 weights served again from {self.ctx.stack.served_model_dir}; engine and "
-                             "baseline restarted")
+        await self._restart_upgraded()
+        report.undone.append(f"v1 weights served again from {self.ctx.stack.served_model_dir}; "
+                             f"{' and '.join(self.upgraded)} restarted")
         return report

@@ -84,8 +84,13 @@ class RunView:
             if _key(target := e.data.get("target")):
                 self._by_phase.setdefault((e.phase, target), []).append(e)
         self._points: dict[str, list[Event]] = {}
+        self._set_points: dict[Any, list[Event]] = {}  # around an oracle wave sent while a fault holds
         for e in self.history.of_type("observe.metrics"):
-            self._points.setdefault(e.phase, []).append(e)
+            if (fid := e.data.get("oracle_set")) is not None:
+                if _key(fid):
+                    self._set_points.setdefault(fid, []).append(e)
+            else:
+                self._points.setdefault(e.phase, []).append(e)
         self._requests: dict[str, list[Event]] | None = None
         self._correct: dict[int, tuple[Event, bool]] = {}
         # the last heal per fault id, as a dict built in journal order keeps it
@@ -98,14 +103,16 @@ class RunView:
                 end = self._healed.get(fid, float("inf")) if _key(fid) else float("inf")
                 self._down.append(DownWindow(service=e.data.get("service", ""), fault_id=fid, start=e.ts, end=end,
                                              ref=e.ref))
-        # model-upgrade faults: while one holds, its own baseline answers (oracle_set) are the oracle
+        # model-upgrade faults: while one holds, the judging oracle's answers asked for it (oracle_set) are
+        # the reference
         self._oracle_windows = [(fid, e.ts, self._healed.get(fid, float("inf")))
                                 for e in injected if (fid := e.data.get("oracle_set")) and _key(fid)]
         self._set_answers: dict[tuple[Any, Any], Event] = {}
         if self._oracle_windows:
+            judge = self.oracle_target()
             for b in self.responses:
                 key = (b.data.get("oracle_set"), b.data.get("prompt_id"))
-                if key[0] and b.data.get("ok") and _key(key[0]) and _key(key[1]):
+                if key[0] and b.data.get("ok") and b.data.get("target") == judge and _key(key[0]) and _key(key[1]):
                     self._set_answers.setdefault(key, b)
 
     def phase_responses(self, phase: str, target: str = "engine") -> list[Event]:
@@ -146,7 +153,17 @@ class RunView:
         return self._oracle
 
     def metric_points(self, phase: str) -> list[Event]:
+        """The phase's own metric points (those around an oracle wave sent during a fault are apart)."""
         return list(self._points.get(phase, ()))
+
+    def oracle_sets(self) -> dict[Any, tuple[list[Event], list[Event]]]:
+        """Each oracle wave asked while a fault held: its ``oracle_set`` -> (its responses to any target,
+        the metric points around its salted part)."""
+        out: dict[Any, tuple[list[Event], list[Event]]] = {}
+        for e in self.responses:
+            if (fid := e.data.get("oracle_set")) is not None and _key(fid):
+                out.setdefault(fid, ([], list(self._set_points.get(fid, ()))))[0].append(e)
+        return out
 
     def down_windows(self) -> list[DownWindow]:
         """When a fault deliberately took a service down: from the fault landing to its heal."""

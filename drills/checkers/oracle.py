@@ -49,13 +49,9 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def check(view: RunView) -> CheckResult:
-    source = view.oracle_source()
-    mode, why = source["mode"], source.get("why") or ""
-    if mode == "baseline":
-        return CheckResult("oracle", "pass", "the baseline engine (no KV connector, no prefix cache) judged every "
-                                             f"answer{': ' + why if why else ''}", details={"source": source})
-    salted = view.phase_responses("oracle", target="oracle")
+def _cold_proof(view: RunView, salted: list[Event], points: list[Event], where: str
+                ) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """One salted wave: (problems, evidence, the rows proven cold, the counters of its metric window)."""
     problems: list[str] = []
     evidence: list[dict[str, Any]] = []
     cold: list[dict[str, Any]] = []
@@ -81,7 +77,6 @@ def check(view: RunView) -> CheckResult:
             evidence.append({**response_ref(e), **row})
         else:
             cold.append(row)
-    points = view.metric_points("oracle")
     phase: dict[str, Any] = {}
     if len(points) >= 2:
         w = window(points[0].data, points[-1].data)
@@ -92,15 +87,46 @@ def check(view: RunView) -> CheckResult:
             (APC_HIT, w["vllm_apc_hits"]), (EXT_HIT, w["vllm_external_hits"]), (lmcache, w["lmcache_hit_tokens"]))
             if value]
         if moved:
-            problems.append(f"during the salted oracle phase {', '.join(moved)}")
+            problems.append(f"during {where} {', '.join(moved)}")
             evidence += [{"kind": "metrics", "ref": p.ref} for p in (points[0], points[-1])]
     elif salted:
-        problems.append("no metric points around the salted oracle wave: its cold start is not proven")
-    if not salted:
+        problems.append(f"no metric points around {where}: its cold start is not proven")
+    return problems, evidence, cold, phase
+
+
+def check(view: RunView) -> CheckResult:
+    """The first oracle wave (phase ``oracle``), then each wave asked while a fault held (``oracle_set``,
+    a model upgrade's v2 answers), each proven cold and, with ``both``, agreeing with the baseline."""
+    source = view.oracle_source()
+    mode, why = source["mode"], source.get("why") or ""
+    if mode == "baseline":
+        return CheckResult("oracle", "pass", "the baseline engine (no KV connector, no prefix cache) judged every "
+                                             f"answer{': ' + why if why else ''}", details={"source": source})
+    first = view.phase_responses("oracle", target="oracle")
+    waves = [("the salted oracle phase", first, view.metric_points("oracle"),
+              view.phase_responses("oracle", target="baseline"))]
+    for fid, (responses, points) in view.oracle_sets().items():
+        waves.append((f"the salted oracle wave of {fid}", [e for e in responses if e.data.get("target") == "oracle"],
+                      points, [e for e in responses if e.data.get("target") == "baseline"]))
+    problems: list[str] = []
+    evidence: list[dict[str, Any]] = []
+    cold: list[dict[str, Any]] = []
+    disagree: list[dict[str, Any]] = []
+    phases: dict[str, Any] = {}
+    for where, salted, points, base in waves:
+        p, ev, c, phase = _cold_proof(view, salted, points, where)
+        problems += p
+        evidence += ev
+        cold += c
+        phases[where] = phase
+        if mode == "both":
+            disagree += _disagreements(salted, base)
+    if not first:
         problems.append("no salted oracle answers in the journal")
-    disagree = _disagreements(view) if mode == "both" else []
-    details = {"source": source, "salted_requests": len(salted), "proven_cold": len(cold), "phase": phase,
-               "cold": cold, "disagreements": disagree}
+    salted_n = sum(len(w[1]) for w in waves)
+    details = {"source": source, "salted_requests": salted_n, "proven_cold": len(cold),
+               "phase": phases["the salted oracle phase"], "cold": cold, "disagreements": disagree,
+               **({"waves": phases} if len(waves) > 1 else {})}
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return CheckResult("oracle", "error", f"the salted oracle is not a no-cache answer: {problems[0]}{more}",
@@ -111,21 +137,23 @@ def check(view: RunView) -> CheckResult:
                                               f"prompt(s): p{d['prompt_id']} first differs at output token "
                                               f"{d['index']} ({d['salted']} vs {d['baseline']})",
                            evidence=[e for d in disagree for e in d["refs"]], details=details)
-    agreed = f"; the baseline agrees on all {len(salted)}" if mode == "both" else ""
-    return CheckResult("oracle", "pass", f"{len(cold)}/{len(salted)} salted oracle answers proven cold (vLLM "
-                                         f"cached_tokens 0, no LMCache hit for their salt){agreed}",
+    agreed = f"; the baseline agrees on all {salted_n}" if mode == "both" else ""
+    again = [f"{len(w[1])} asked again while {fid} held" for fid, w in zip(view.oracle_sets(), waves[1:])]
+    during = f" ({'; '.join(again)})" if again else ""
+    return CheckResult("oracle", "pass", f"{len(cold)}/{salted_n} salted oracle answers proven cold (vLLM "
+                                         f"cached_tokens 0, no LMCache hit for their salt){during}{agreed}",
                        details=details)
 
 
-def _disagreements(view: RunView) -> list[dict[str, Any]]:
-    def first_ok(target: str) -> dict[Any, Event]:
+def _disagreements(salted_wave: list[Event], base_wave: list[Event]) -> list[dict[str, Any]]:
+    def first_ok(wave: list[Event]) -> dict[Any, Event]:
         out: dict[Any, Event] = {}
-        for e in view.phase_responses("oracle", target=target):
+        for e in wave:
             if e.data.get("ok"):
                 out.setdefault(e.data.get("prompt_id"), e)
         return out
 
-    salted, base = first_ok("oracle"), first_ok("baseline")
+    salted, base = first_ok(salted_wave), first_ok(base_wave)
     out = []
     for pid in sorted(set(salted) & set(base), key=str):
         a, b = salted[pid].data.get("token_ids") or [], base[pid].data.get("token_ids") or []

@@ -70,7 +70,7 @@ class ProcessStack:
         """Make a healthy stack fit for the next drill of a suite (nothing by default)."""
         return {}
 
-    async def drop_salted(self, salt_prefix: str) -> dict[str, Any]:
+    async def drop_salted(self, salt_prefix: str, clear_l1: bool = True) -> dict[str, Any]:
         """Remove what the salted oracle's requests stored (nothing to do where no tier keeps salted KV
         apart), so the drill's own traffic meets the cache as a run without an oracle would."""
         return {}

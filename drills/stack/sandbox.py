@@ -327,11 +327,13 @@ class SandboxStack(ProcessStack):
                 pass
         return {"l2_files_removed": removed, "l2_bytes_freed": freed}
 
-    async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0) -> dict[str, Any]:
-        """After the salted oracle: once LMCache has no store in flight, empty L1 (it holds nothing else yet:
-        a fresh stack is empty and a reused one was cleared for this drill) and delete the L2 files of
-        those salts. Left in place they would double the L2 bytes a drill writes (a disk drill's small
-        filesystem fills) and keep L1 busy with chunks no drill request can hit."""
+    async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0, clear_l1: bool = True) -> dict[str, Any]:
+        """After the salted oracle: once LMCache has no store in flight, empty L1 (before the warm-up it
+        holds nothing else: a fresh stack is empty and a reused one was cleared for this drill) and delete
+        the L2 files of those salts. Left in place they would double the L2 bytes a drill writes (a disk
+        drill's small filesystem fills) and keep L1 busy with chunks no drill request can hit. LMCache has
+        no per-key delete in L1, so a wave sent after the warm-up (``clear_l1`` False) leaves its salted
+        chunks there, where no unsalted request can hit them."""
         deadline = time.monotonic() + deadline_s
         while True:
             ctl = (await self.lmcache_status()).get("storage_manager", {}).get("store_controller", {})
@@ -339,7 +341,7 @@ class SandboxStack(ProcessStack):
             if idle or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.25)
-        cleared = await self.clear_l1()
+        cleared = await self.clear_l1() if clear_l1 else "kept (the drill's own chunks are in it)"
         return {"stores_idle": idle, "l1": cleared, **self._remove_l2_files(f"*@{salt_prefix}*.data")}
 
     async def clear_l1(self) -> dict[str, Any]:

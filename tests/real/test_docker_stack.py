@@ -164,34 +164,48 @@ def test_the_kernel_network_backend_shapes_mooncake_links_in_the_pods_namespace(
     assert not (Path("/run/netns") / listed["data"]["name"]).exists()
 
 
-def test_disk_faults_on_containers_act_on_the_filesystem_the_lmcache_container_writes(engine):
+def _disk_run_acts_on_the_containers_filesystem(run_dir: Path, log_says: str) -> None:
+    [prepared] = _events(run_dir, "stack.prepared")
+    assert prepared["data"]["ref"] == "sandbox-docker" and prepared["data"]["l2_source"].endswith("/stack/l2")
+    [verified] = _events(run_dir, "fault.verified")
+    assert verified["data"]["effective"] is True, verified["data"]["summary"]
+    # the L2 writes the fault stopped were the container's: LMCache's own log says so
+    assert log_says in (run_dir / "logs" / "lmcache.log").read_text(errors="replace")
+
+
+def test_a_full_disk_on_containers_acts_on_the_filesystem_the_lmcache_container_writes(engine):
     """The disk injector on containers: the run's filesystem (fault filesystem over a tmpfs) is bound into
-    the LMCache container; full and read-only act on it from the host, and the verdicts are the process
-    stack's (both pass: a failed L2 store must not cost correctness)."""
+    the LMCache container and filled from the host; the verdict is the process stack's (pass: a failed L2
+    store must not cost correctness)."""
+    proc, run_dir, doc = run_drill(REPO / "scenarios/basics/disk-full.yaml", "docker-disk")
+    assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    _disk_run_acts_on_the_containers_filesystem(run_dir, "No space left on device")
+
+
+@pytest.mark.catalogue  # make test-catalogue: the second disk mode on the same bind (make test runs disk-full)
+def test_disk_faults_on_containers_share_one_stack(engine):
+    """Full and read-only as one suite on one container stack, each reaching the process stack's verdict."""
     proc, runs = run_suite([REPO / "scenarios/basics/disk-full.yaml", REPO / "scenarios/basics/disk-readonly.yaml"],
-                           "docker-disk")
+                           "docker-disk-suite")
     assert proc.returncode == 0, f"expectations not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     assert set(runs) == {"disk-full", "disk-readonly"}
-    first = runs["disk-full"]
-    [prepared] = _events(first, "stack.prepared")
-    assert prepared["data"]["ref"] == "sandbox-docker" and prepared["data"]["l2_source"].endswith("/stack/l2")
-    for run_dir in runs.values():
-        [verified] = _events(run_dir, "fault.verified")
-        assert verified["data"]["effective"] is True, verified["data"]["summary"]
-    # the L2 writes the faults stopped were the container's: LMCache's own log (the shared stack's) says so
-    log = (first / "logs" / "lmcache.log").read_text(errors="replace")
-    assert "No space left on device" in log and "Read-only file system" in log
+    _disk_run_acts_on_the_containers_filesystem(runs["disk-full"], "No space left on device")
+    _disk_run_acts_on_the_containers_filesystem(runs["disk-readonly"], "Read-only file system")
 
 
 def test_a_model_upgrade_under_a_new_path_recreates_the_engine_containers(engine):
-    """The model injector on containers: v2 served from a new path means engine and baseline are created
-    again with the new --model; answers equal v2's own baseline (pass, as on processes)."""
+    """The model injector on containers: v2 served from a new path means the engine container is created
+    again with the new --model; answers equal v2's own salted no-cache answers (pass, as on processes)."""
     proc, run_dir, doc = run_drill(REPO / "scenarios/incidents/model-upgrade-new-path.yaml", "docker-model")
     assert proc.returncode == 0, f"expectation not held:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     assert doc["verdict"] == "pass" and doc["expectation"]["held"] is True
     recreated = [e["data"] for e in _events(run_dir, "docker.service_recreated")]
-    assert sorted(r["service"] for r in recreated) == ["baseline", "baseline", "engine", "engine"]  # v2, then v1
-    assert {r["model"] for r in recreated if r["model"].endswith("-v2")}
+    # the salted oracle asks v2 itself: no baseline engine to upgrade beside it
+    assert [r["service"] for r in recreated] == ["engine", "engine"]  # v2, then v1
+    assert recreated[0]["model"].endswith("-v2") and not recreated[1]["model"].endswith("-v2")
+    assert {c["name"]: c["verdict"] for c in doc["checks"]}["oracle"] == "pass"
+    v2 = [e for e in _events(run_dir, "response") if e["data"].get("oracle_set")]
+    assert v2 and all(e["data"]["target"] == "oracle" and e["data"]["cached_tokens"] == 0 for e in v2)
 
 
 def _ctx(stack, journal) -> InjectionContext:

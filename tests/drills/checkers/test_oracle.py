@@ -117,3 +117,58 @@ def test_baseline_source_passes_and_old_journals_have_no_oracle_check(tmp_path):
 def test_a_rejected_oracle_is_judged_by_the_oracle_check_alone(tmp_path):
     results = run_checks(_journal(tmp_path, cached={0: 512}, rejected=True), ChecksSpec())
     assert [(r.name, r.verdict) for r in results] == [("oracle", "error")]
+
+
+def _v2_journal(tmp, *, v2_cached=0, v2_apc=0.0, with_baseline_set=False):
+    """A salted run whose model fault asked the oracle again once v2 served (oracle_set f0-model): its own
+    metric points around that wave, v2's answers, and chaos answers judged by them while the fault holds."""
+    j = Journal(tmp)
+    j.phase = "oracle"
+    j.append("oracle.source", mode="salted", judge="salted", why="test")
+    j.append("observe.metrics", point="before", lmcache=_lmc({}), engine={"vllm:prefix_cache_hits_total": 0.0})
+    for pid, (tokens, text) in ORACLE.items():
+        j.append("response", request_id=f"oracle-w1-p{pid}-oracle", prompt_id=pid, target="oracle", wave=1, ok=True,
+                 token_ids=tokens, text=text, finish_reason="length", cache_salt=SALT.format(pid), cached_tokens=0)
+    j.append("observe.metrics", point="oracle", lmcache=_lmc({0: 0.0, 1: 0.0}),
+             engine={"vllm:prefix_cache_hits_total": 0.0})
+    j.phase = "chaos"
+    j.append("fault.injected", fault_id="f0-model", injector="model", oracle_set="f0-model", service_down=False)
+    j.append("observe.metrics", point="before", lmcache=_lmc({}), engine={"vllm:prefix_cache_hits_total": 0.0},
+             oracle_set="f0-model")
+    v2 = {pid: ([t + 1 for t in tokens], text) for pid, (tokens, text) in ORACLE.items()}
+    for pid, (tokens, text) in v2.items():
+        j.append("response", request_id=f"oracle-w1-p{pid}-oracle", prompt_id=pid, target="oracle", wave=1, ok=True,
+                 token_ids=tokens, text=text, finish_reason="length", cache_salt=f"kvdrill-oracle-v2-p{pid}",
+                 cached_tokens=v2_cached if pid == 1 else 0, oracle_set="f0-model")
+        if with_baseline_set:  # a baseline answer of the same set that a salted run must not judge by
+            j.append("response", request_id=f"oracle-w1-p{pid}-baseline", prompt_id=pid, target="baseline", wave=1,
+                     ok=True, token_ids=[0], text="", finish_reason="length", oracle_set="f0-model")
+    j.append("observe.metrics", point="oracle", lmcache=_lmc({}), engine={"vllm:prefix_cache_hits_total": v2_apc},
+             oracle_set="f0-model")
+    j.append("observe.metrics", point="before", lmcache=_lmc({}), engine={"vllm:prefix_cache_hits_total": 0.0})
+    for pid, (tokens, text) in v2.items():
+        j.append("response", request_id=f"chaos-w1-p{pid}-engine", prompt_id=pid, target="engine", wave=1, ok=True,
+                 token_ids=tokens, text=text, finish_reason="length", cached_tokens=512)
+    j.append("observe.metrics", point="wave1", lmcache=_lmc({}), engine={"vllm:prefix_cache_hits_total": 512.0})
+    j.close()
+    return read_history(tmp)
+
+
+def test_a_salted_wave_asked_while_a_model_fault_holds_is_proven_cold_and_judges_that_window(tmp_path):
+    view = RunView(_v2_journal(tmp_path, with_baseline_set=True))
+    r = check(view)
+    assert r.verdict == "pass" and "4/4 salted oracle answers proven cold" in r.summary
+    assert "(2 asked again while f0-model held)" in r.summary
+    # v2's salted answers judge the chaos answers (not v1's, not the baseline's of the same set)
+    assert correctness(view, CorrectnessCheck(phases=["chaos"])).verdict == "pass"
+    # the points around that wave stay out of the chaos phase's own window
+    assert [p.data["point"] for p in view.metric_points("chaos")] == ["before", "wave1"]
+
+
+def test_a_v2_oracle_answer_served_from_cache_is_an_error_naming_it(tmp_path):
+    r = check(RunView(_v2_journal(tmp_path, v2_cached=128)))
+    assert r.verdict == "error" and "was served from cache: vLLM cached_tokens=128" in r.summary
+    assert r.evidence[0]["cache_salt"] == "kvdrill-oracle-v2-p1"
+    r = check(RunView(_v2_journal(tmp_path / "apc", v2_apc=64.0)))
+    assert r.verdict == "error" and "during the salted oracle wave of f0-model vllm:prefix_cache_hits_total +64" \
+        in r.summary
