@@ -2,14 +2,16 @@
 
 Each ``kvdrill run`` and ``kvdrill suite`` writes one small JSON file into ``<state>/active/`` when it
 starts (after its signal handlers are installed, so anything listed here handles the abort signal)
-and removes it when it ends. ``<state>`` is ``$KVDRILL_STATE_DIR``, else ``/run/kvdrill`` when it can
-be created (root), else ``/tmp/kvdrill-<uid>``.
+and removes it when it ends. ``<state>`` is ``$KVDRILL_STATE_DIR``, else ``/run/kvdrill`` for root,
+else ``$XDG_RUNTIME_DIR/kvdrill``, else ``/tmp/kvdrill-<uid>``; whichever it is must be a directory of
+the invoking user that nobody else can use (``drills/privdir.py``), or kvdrill refuses to use it.
 
 A pid alone is not an identity: after a crash the file stays and the pid may be reused by an
 unrelated process. Every entry therefore records the process's start time (``/proc/<pid>/stat``
 field 22, clock ticks since boot) and the boot id; an entry whose pid is gone, or now belongs to a
 process that started at another time or in another boot, is stale: it is ignored and deleted, and
-nothing is ever signalled through it.
+nothing is ever signalled through it. The entry also records the user's uid, and the process under
+the pid must still belong to it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from drills.privdir import private_dir, read_private, write_private
 from drills.procstat import START_TIME, stat_fields
 
 ENV = "KVDRILL_STATE_DIR"
@@ -31,22 +34,18 @@ Kind = Literal["run", "suite"]
 
 
 def state_dir() -> Path:
+    """The invoking user's own kill-switch directory (checked: see ``drills/privdir.py``)."""
     if os.environ.get(ENV):
-        return Path(os.environ[ENV])
-    run = Path("/run/kvdrill")
-    try:
-        run.mkdir(parents=True, exist_ok=True)
-        if os.access(run, os.W_OK):
-            return run
-    except OSError:
-        pass
-    return Path(f"/tmp/kvdrill-{os.getuid()}")
+        return private_dir(Path(os.environ[ENV]))
+    if os.geteuid() == 0:
+        return private_dir(Path("/run/kvdrill"))
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return private_dir(Path(os.environ["XDG_RUNTIME_DIR"]) / "kvdrill")
+    return private_dir(Path(f"/tmp/kvdrill-{os.getuid()}"))
 
 
 def active_dir() -> Path:
-    d = state_dir() / "active"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return private_dir(state_dir() / "active")
 
 
 def boot_id() -> str:
@@ -81,23 +80,28 @@ class Entry:
     started_at: float
     scenario: str = ""
     parent: str | None = None  # a drill inside a suite: the suite's id (the same process)
+    uid: int = -1  # the registering user; an entry without one (an older kvdrill's) is never signalled
 
     @property
     def path(self) -> Path:
         return active_dir() / f"{self.run_id}.json"
 
     def alive(self) -> bool:
-        """The registering process is still the one running under this pid."""
-        return self.boot_id == boot_id() and start_time(self.pid) == self.start_time
+        """The registering process is still the one running under this pid, and still the user's."""
+        if self.boot_id != boot_id() or start_time(self.pid) != self.start_time:
+            return False
+        try:
+            return os.stat(f"/proc/{self.pid}").st_uid == self.uid == os.geteuid()
+        except OSError:
+            return False
 
 
 def register(run_id: str, kind: Kind, run_dir: Path, *, scenario: str = "", parent: str | None = None) -> Entry:
     pid = os.getpid()
     entry = Entry(run_id=run_id, kind=kind, pid=pid, start_time=start_time(pid) or 0, boot_id=boot_id(),
-                  run_dir=str(run_dir), user=user_name(), started_at=time.time(), scenario=scenario, parent=parent)
-    tmp = entry.path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(entry)))
-    tmp.replace(entry.path)  # a reader never sees half an entry
+                  run_dir=str(run_dir), user=user_name(), started_at=time.time(), scenario=scenario, parent=parent,
+                  uid=os.geteuid())
+    write_private(entry.path, json.dumps(asdict(entry)))
     return entry
 
 
@@ -120,7 +124,10 @@ def running() -> list[Entry]:
     live = []
     for f in sorted(active_dir().glob("*.json")):
         try:
-            entry = Entry(**json.loads(f.read_text()))
+            text = read_private(f)
+            if text is None:
+                raise ValueError(f"{f} is not a regular file of yours")
+            entry = Entry(**json.loads(text))
         except (OSError, ValueError, TypeError):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()

@@ -40,6 +40,7 @@ from drills import active
 from drills.gameday import inbox
 from drills.gameday.desk import DESK
 from drills.journal import Journal
+from drills.privdir import private_dir, read_private, write_private
 
 Source = Literal["ctrl-c", "sigterm", "sighup", "kvdrill-abort", "halt", "manual-timeout"]
 ABORT_SIGNAL = signal.SIGUSR1
@@ -60,9 +61,7 @@ class StopRequest:
 # --- the abort request: who asked, written by `kvdrill abort` before it signals --------------------------
 
 def request_dir() -> Path:
-    d = active.state_dir() / "abort"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return private_dir(active.state_dir() / "abort")
 
 
 def request_path(pid: int, start_time: int) -> Path:
@@ -71,10 +70,7 @@ def request_path(pid: int, start_time: int) -> Path:
 
 def write_abort_request(pid: int, start_time: int, run_ids: list[str]) -> dict[str, Any]:
     doc = {"by_pid": os.getpid(), "user": active.user_name(), "requested_at": time.time(), "run_ids": run_ids}
-    path = request_path(pid, start_time)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)
+    write_private(request_path(pid, start_time), json.dumps(doc))
     return doc
 
 
@@ -83,8 +79,9 @@ def take_abort_request() -> dict[str, Any] | None:
     pid = os.getpid()
     path = request_path(pid, active.start_time(pid) or 0)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = json.loads(read_private(path) or "")
+        float(doc["requested_at"]), doc["by_pid"], doc["user"]  # noqa: B018 - the fields the stop reason reads
+    except (ValueError, TypeError, KeyError):
         return None
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
