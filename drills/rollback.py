@@ -363,6 +363,8 @@ def _vet_network(rec: Any, state: RunState) -> str | None:
         return _vet_netns_name(rec.get("netns"), state)
     if not isinstance(rec.get("proxy"), str) or not isinstance(rec.get("remove_toxics", []), list):
         return "proxy is not a name, or remove_toxics not a list"
+    if "token_file" in rec and not state.inside(rec["token_file"]):
+        return f"token_file {rec['token_file']!r} is not inside the run"
     return _loopback_url(rec.get("url"))
 
 

@@ -87,11 +87,16 @@ def _raise_for(response: httpx.Response) -> None:
     raise kind(response.status_code, message, body)
 
 
+def api_headers(token: str | None) -> dict[str, str]:
+    """kvdrill's own Toxiproxy server answers only with the run's token; the real one ignores the header."""
+    return {"User-Agent": "kvdrill-toxiproxy", **({"Authorization": f"Bearer {token}"} if token else {})}
+
+
 class ToxiproxyClient:
     def __init__(self, base_url: str = "http://127.0.0.1:8474", *, timeout: float = 5.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, token: str | None = None) -> None:
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=httpx.Timeout(timeout), trust_env=False,
-                                       transport=transport, headers={"User-Agent": "kvdrill-toxiproxy"})
+                                       transport=transport, headers=api_headers(token))
 
     async def __aenter__(self) -> ToxiproxyClient:
         return self

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from drills.inputs import read_text_limited
 from drills.stack.kernelnet import (
     KernelNet,
     KernelPlan,
@@ -42,7 +43,7 @@ from drills.stack.kernelnet import (
     mooncake_transfer_ports,
 )
 from drills.stack.netns import NETNS_DIR
-from drills.toxiproxy import NotFound, ToxiproxyClient, ToxiproxyError
+from drills.toxiproxy import NotFound, ToxiproxyClient, ToxiproxyError, api_headers
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 # Toxiproxy's toxics and their attributes (shared/facts/network-disk-process-faults.md §1.3)
@@ -150,8 +151,10 @@ def undo(record: dict[str, Any], timeout: float = 5.0) -> HealReport:
             [f"kernel ({name}): {c}" for c in cleared] or [f"kernel ({name}): no kvdrill rule left"])
         return report
     url, proxy = record["url"].rstrip("/"), record["proxy"]
+    token_file = record.get("token_file")  # the run's own, checked by rollback to lie inside the run
+    token = read_text_limited(Path(token_file), 4096).strip() if token_file and Path(token_file).is_file() else None
     try:
-        with httpx.Client(base_url=url, timeout=timeout, trust_env=False) as http:
+        with httpx.Client(base_url=url, timeout=timeout, trust_env=False, headers=api_headers(token)) as http:
             r = http.get(f"/proxies/{proxy}/toxics")
             if r.status_code == 404:
                 report.already_healed.append(f"proxy {proxy} no longer exists on {url}")
@@ -195,7 +198,7 @@ class NetworkFault(Injector):
     # --- planning -------------------------------------------------------------------------------------
 
     def _client(self) -> ToxiproxyClient:
-        return ToxiproxyClient(self.ctx.stack.toxiproxy_url)
+        return ToxiproxyClient(self.ctx.stack.toxiproxy_url, token=self.ctx.stack.toxiproxy_token())
 
     async def plan(self) -> list[dict[str, Any]]:
         self.names = [t.name or f"kvdrill-{self.ctx.fault_id}-{i}" for i, t in enumerate(self.p.toxics)]
@@ -260,8 +263,10 @@ class NetworkFault(Injector):
     # --- inject / verify / heal -------------------------------------------------------------------------
 
     async def inject(self) -> None:
+        token = self.ctx.stack.toxiproxy_token_file
         undo = ({"backend": "toxiproxy", "url": self.target["url"], "proxy": self.target["proxy"],
-                 "remove_toxics": self.names, "reenable": self.p.down}
+                 "remove_toxics": self.names, "reenable": self.p.down,
+                 **({"token_file": str(token)} if token is not None else {})}
                 if self.p.backend == "toxiproxy" else
                 {"backend": "kernel", "netns": self.target["netns"], "clear": "KernelNet(netns).clear()"})
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name, undo=undo)

@@ -24,6 +24,9 @@ from drills.stack.process import ProcessDriver, ServiceSpec, StackError
 APC_RESET_DEADLINE_S = 30.0
 
 
+TOXIPROXY_TOKEN = "toxiproxy.token"  # beside toxiproxy.json in the run's stack (or config) directory
+
+
 class ProcessStack:
     ref: str = ""
     # the Toxiproxy server's RNG seed (toxicity, jitter); the runner sets it from the scenario seed
@@ -134,6 +137,16 @@ class ProcessStack:
     def toxiproxy_url(self) -> str:
         """The stack's Toxiproxy API (every stack runs one; the network injector talks to it)."""
         return self.url("toxiproxy")
+
+    toxiproxy_token_file: Path | None = None  # kvdrill's own server asks for it; the real Toxiproxy does not
+
+    def _token_file(self, directory: Path) -> Path:
+        self.toxiproxy_token_file = directory / TOXIPROXY_TOKEN
+        return self.toxiproxy_token_file
+
+    def toxiproxy_token(self) -> str | None:
+        f = self.toxiproxy_token_file
+        return f.read_text().strip() if f is not None and f.is_file() else None
 
     async def unhealthy(self) -> dict[str, str]:
         """Services that are not running or do not answer their health URL now (empty: all healthy)."""

@@ -34,7 +34,7 @@ from drills.stack.containers import SERVICE_LABEL
 from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
 from drills.stack.netns import PREFIX, NetNamespace, inode_of
 from drills.stack.process import ServiceSpec, StackError
-from drills.stack.sandbox import SERVED_MODEL, free_port, write_toxiproxy_config
+from drills.stack.sandbox import SERVED_MODEL, free_port, toxiproxy_listen_hosts, write_toxiproxy_config
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-docker" / "docker-compose.mooncake.yml"
 POD = "pod"  # holds the namespace; not a service a drill sees or faults
@@ -79,12 +79,14 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
             yaml.dump(self.lmcache_config_doc(), fh)
         self.lmcache_config.chmod(0o644)
         write_toxiproxy_config(self.config_dir, self.proxies)
+        self._token_file(self.config_dir)
         kv_transfer = self.kv_transfer_config()
         opts = self.options
         self.env = {
             "KVD_VENV": str(stack_venv()), "KVD_MODEL_DIR": str(self.model_dir), "KVD_MODELS_ROOT": str(self.model_dir.parent),
             "KVD_SERVED_MODEL": SERVED_MODEL, "KVD_DTYPE": self.pins.dtype, "KVD_CONFIG_DIR": str(self.config_dir),
             "KVD_TOXIPROXY_SEED": str(self.toxiproxy_seed),
+            "KVD_TOXIPROXY_LISTEN_HOSTS": toxiproxy_listen_hosts(self.proxies),
             **{f"KVD_PORT_{k.upper()}": str(v) for k, v in self.host_ports.items()},
             "KVD_CLIENT_TTL": str(opts.client_ttl), "KVD_SEGMENT_SIZE": opts.segment_size,
             "KVD_KV_CACHE_SPACE_GB": str(opts.kv_cache_space_gb), "KVD_MAX_MODEL_LEN": str(opts.max_model_len),

@@ -40,6 +40,7 @@ from drills.stack.sandbox import (
     link_model,
     remove_served,
     served_dir,
+    toxiproxy_listen_hosts,
     write_toxiproxy_config,
 )
 
@@ -98,6 +99,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
                        "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector",
                        "kv_role": "kv_both", "kv_connector_extra_config": extra}
         write_toxiproxy_config(config_dir, self.proxies)
+        self._token_file(config_dir)
         self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
         self.env = {
             "KVD_VENV": str(stack_venv()), "KVD_SERVED_MODEL": SERVED_MODEL, "KVD_DTYPE": self.pins.dtype,
@@ -106,6 +108,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
             "KVD_MODELS_ROOT": str(self.model_dir.parent),
             "KVD_L2_SOURCE": str(self.l2_dir) if lm.l2_fs is not None else L2_VOLUME,
             "KVD_CONFIG_DIR": str(config_dir), "KVD_TOXIPROXY_SEED": str(self.toxiproxy_seed),
+            "KVD_TOXIPROXY_LISTEN_HOSTS": toxiproxy_listen_hosts(self.proxies),
             **{f"KVD_PORT_{k.upper()}": str(v) for k, v in self.ports.items()},
             "KVD_L1_SIZE_GB": str(lm.l1_size_gb), "KVD_CHUNK_SIZE": str(lm.chunk_size),
             "KVD_L1_READ_TTL": str(int(lm.l1_read_ttl)), "KVD_L1_WRITE_TTL": str(int(lm.l1_write_ttl)),

@@ -29,7 +29,13 @@ from drills.stack.base import ProcessStack
 from drills.stack.kernelnet import KernelNet
 from drills.stack.netns import NetNamespace
 from drills.stack.process import StackError
-from drills.stack.sandbox import SERVED_MODEL, free_port, render_services, write_toxiproxy_config
+from drills.stack.sandbox import (
+    SERVED_MODEL,
+    free_port,
+    render_services,
+    toxiproxy_listen_hosts,
+    write_toxiproxy_config,
+)
 from drills.triggers import StoreProbe
 
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-mooncake" / "stack.yaml"
@@ -170,6 +176,8 @@ class MooncakeStack(ProcessStack):
             "kvdrill_python": sys.executable,
             "toxiproxy_seed": self.toxiproxy_seed,
             "toxiproxy_config": write_toxiproxy_config(self.run_dir / "stack", self.proxies),
+            "toxiproxy_token": self._token_file(self.run_dir / "stack"),
+            "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
             "netns": self.netns.name, "ns_addr": self.netns.ns_addr,
             **{f"port_{k}": v for k, v in self.ports.items()},
             "client_ttl": opts.client_ttl, "segment_size": opts.segment_size,

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
 from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
 from drills.scenario import StackSpec
-from drills.stack.base import ProcessStack
+from drills.stack.base import TOXIPROXY_TOKEN, ProcessStack
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
@@ -70,11 +71,23 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
 
 
 def write_toxiproxy_config(directory: Path, proxies: list[dict[str, Any]]) -> Path:
-    """The proxies the stack's Toxiproxy creates at start (its ``-config`` file, Toxiproxy's format)."""
+    """The proxies the stack's Toxiproxy creates at start (its ``-config`` file, Toxiproxy's format), and
+    beside it the run's API token (``toxiproxy.token``, 0600): kvdrill's server answers only requests that
+    carry it (``drills/stack/toxiserver/api.py``, ``Guard``)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "toxiproxy.json"
     path.write_text(json.dumps(proxies, indent=2) + "\n")
+    token = directory / TOXIPROXY_TOKEN
+    token.unlink(missing_ok=True)
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32))
     return path
+
+
+def toxiproxy_listen_hosts(proxies: list[dict[str, Any]]) -> str:
+    """The hosts the stack's own proxies listen on: the only ones its Toxiproxy lets a proxy use."""
+    return ",".join(sorted({p["listen"].rpartition(":")[0] for p in proxies}))
 
 
 def served_dir(run_dir: Path, suffix: str = "") -> Path:
@@ -183,11 +196,13 @@ class SandboxStack(ProcessStack):
             kv_transfer["kv_connector_extra_config"]["lmcache.mp.mp_transfer_mode"] = lm.transfer_mode
         venv = stack_venv()
         toxiproxy_config = write_toxiproxy_config(self.run_dir / "stack", self.proxies)
+        self._token_file(self.run_dir / "stack")
         self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
         variables = {
             "venv": venv, "bin": venv / "bin", "model_dir": self.served_model_dir, "served_model": SERVED_MODEL,
             "dtype": self.pins.dtype, "patch_dir": PATCH_DIR, "kvdrill_python": sys.executable,
             "toxiproxy_seed": self.toxiproxy_seed, "toxiproxy_config": toxiproxy_config,
+            "toxiproxy_token": self.toxiproxy_token_file, "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
             **{f"port_{k}": v for k, v in self.ports.items()},
             "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
             "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),

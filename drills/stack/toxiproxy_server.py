@@ -12,6 +12,11 @@ Run it like the Go binary (single-dash flags work too)::
 
     python -m drills.stack.toxiproxy_server --host 127.0.0.1 --port 8474 [--config FILE] [--seed N]
                                             [--proxy-metrics] [--runtime-metrics]
+                                            [--token-file FILE] [--listen-hosts H,H] [--allow-privileged-ports]
+
+The last three are kvdrill's own (``toxiserver.api.Guard``): a stack kvdrill starts passes its run's
+token file (0600) and the addresses its proxies may listen on, so no other local user can add a toxic
+to a live drill or open a listener through it. Without them the server behaves as upstream.
 
 The first line on stdout is ``listening on HOST:PORT`` (flushed), so ``--port 0`` can be discovered.
 ``LOG_LEVEL`` (panic, fatal, error, warn, info, debug, trace) sets the log level, as upstream.
@@ -30,7 +35,7 @@ import time
 from pathlib import Path
 
 from drills.stack.toxiserver import httpd, netaddr
-from drills.stack.toxiserver.api import VERSION, ToxiproxyAPI
+from drills.stack.toxiserver.api import VERSION, Guard, ToxiproxyAPI
 from drills.stack.toxiserver.errors import ApiError
 from drills.stack.toxiserver.metrics import ProxyMetrics
 from drills.stack.toxiserver.proxy import ProxyCollection
@@ -49,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", "-seed", type=int, default=None, help="seed for toxicity and jitter")
     parser.add_argument("--proxy-metrics", "-proxy-metrics", action="store_true", help="serve proxy byte counters")
     parser.add_argument("--runtime-metrics", "-runtime-metrics", action="store_true", help="serve process metrics")
+    parser.add_argument("--token-file", default="", help="require 'Authorization: Bearer <this file's text>'")
+    parser.add_argument("--listen-hosts", default="", help="comma-separated hosts proxies may listen on")
+    parser.add_argument("--allow-privileged-ports", action="store_true", help="let proxies listen below 1024")
     parser.add_argument("--version", "-version", action="store_true", help="print the version and exit")
     return parser.parse_args(argv)
 
@@ -75,7 +83,10 @@ async def serve(args: argparse.Namespace) -> None:
     seed = args.seed if args.seed is not None else time.time_ns()
     proxy_metrics = ProxyMetrics() if args.proxy_metrics else None
     collection = ProxyCollection(random.Random(seed), proxy_metrics)
-    api = ToxiproxyAPI(collection, proxy_metrics=proxy_metrics, runtime_metrics=args.runtime_metrics)
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    hosts = frozenset(h for h in args.listen_hosts.split(",") if h) or None
+    guard = Guard(token=token, listen_hosts=hosts, privileged_ports=args.allow_privileged_ports)
+    api = ToxiproxyAPI(collection, proxy_metrics=proxy_metrics, runtime_metrics=args.runtime_metrics, guard=guard)
     if args.config:
         await populate_config(api, args.config)
 

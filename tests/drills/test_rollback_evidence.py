@@ -247,12 +247,18 @@ def test_toxiproxy_undo_goes_only_to_loopback(tmp_path, monkeypatch):
                              "file:///etc/passwd", {"url": 1}]):
         j.append("fault.undo", fault_id=f"f{i}-network", injector="network",
                  undo={"backend": "toxiproxy", "url": url, "proxy": "p"})
+    # the run's API token is read from the run's own stack directory, never from a file elsewhere
+    j.append("fault.undo", fault_id="f6-network", injector="network",
+             undo={"backend": "toxiproxy", "url": "http://127.0.0.1:8474", "proxy": "p", "token_file": "/etc/shadow"})
     j.append("fault.undo", fault_id="f9-network", injector="network",
-             undo={"backend": "toxiproxy", "url": "http://127.0.0.1:8474", "proxy": "p"})
+             undo={"backend": "toxiproxy", "url": "http://127.0.0.1:8474", "proxy": "p",
+                   "token_file": str(run / "stack" / "toxiproxy.token")})
     j.close()
     report = rb.rollback(run)
     assert [c["undo"]["url"] for c in calls] == ["http://127.0.0.1:8474"]
-    assert sum("not undone" in w for w in _failed(report)) == 5
+    assert calls[0]["undo"]["token_file"].startswith(str(run))
+    assert sum("not undone" in w for w in _failed(report)) == 6
+    assert any("token_file '/etc/shadow' is not inside the run" in w for w in _failed(report))
 
 
 def test_a_namespace_the_run_did_not_record_or_no_longer_owns_is_not_deleted(tmp_path, monkeypatch):

@@ -5,11 +5,15 @@ exactly; down refuses connects; the kernel backend refuses a stack without its o
 from __future__ import annotations
 
 import random
+import socket
+from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
 from drills.journal import Journal, read_history
+from drills.stack.base import ProcessStack
 from drills.toxiproxy import ToxiproxyClient
 from injectors.base import InjectionContext, InjectionError
 from injectors.network import NetworkFault, NetworkParams
@@ -26,26 +30,40 @@ class Greeter(Upstream):
             pass
 
 
-class ProxyStack:
-    toxiproxy_url: str
+class ProxyStack(ProcessStack):
+    """Only what the network injector asks of a stack: the API's URL and the run's token file."""
+
+    def __init__(self, url: str, token_file: Path) -> None:
+        self._url, self.toxiproxy_token_file = url, token_file
+
+    @property
+    def toxiproxy_url(self) -> str:
+        return self._url
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc, url, log = start_python_server("--seed", "1")
+def token_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("toxiproxy") / "toxiproxy.token"
+    path.write_text("s3cret-token")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(token_file):
+    # as a stack starts it: the run's token, proxies only on loopback
+    proc, url, log = start_python_server("--seed", "1", "--token-file", str(token_file), "--listen-hosts", "127.0.0.1")
     yield url
     stop_server(proc)
     log.unlink(missing_ok=True)
 
 
 @pytest.fixture
-async def stack(server):
+async def stack(server, token_file):
     upstream = Greeter()
-    async with ToxiproxyClient(server) as tp:
-        await tp.create_proxy("lmcache", upstream=upstream.addr)
-        st = ProxyStack()
-        st.toxiproxy_url = server
-        yield st
+    async with ToxiproxyClient(server, token="s3cret-token") as tp:
+        await tp.create_proxy("lmcache", listen="127.0.0.1:0", upstream=upstream.addr)
+        yield ProxyStack(server, token_file)
         await tp.delete_proxy("lmcache")
     upstream.close()
 
@@ -66,7 +84,7 @@ async def test_latency_is_proven_by_the_api_and_a_measured_first_byte_then_heale
     assert proof.effective, proof.summary
     measured = proof.details[0]["measured"]
     assert measured["through_proxy"]["first_byte_s"] >= 0.3 > measured["direct"]["first_byte_s"]
-    async with ToxiproxyClient(stack.toxiproxy_url) as tp:
+    async with ToxiproxyClient(stack.toxiproxy_url, token=stack.toxiproxy_token()) as tp:
         assert [t.name for t in await tp.toxics("lmcache")] == ["kvdrill-f0-network-0"]
         report = await inj.heal()
         assert await tp.toxics("lmcache") == [] and report.undone
@@ -82,7 +100,7 @@ async def test_down_refuses_connects_and_heal_enables_the_proxy(stack, tmp_path)
     proof = await inj.verify()
     assert proof.effective and proof.details[0]["measured"]["errno"] == "ECONNREFUSED"
     await inj.heal()
-    async with ToxiproxyClient(stack.toxiproxy_url) as tp:
+    async with ToxiproxyClient(stack.toxiproxy_url, token=stack.toxiproxy_token()) as tp:
         assert (await tp.proxy("lmcache")).enabled
 
 
@@ -107,7 +125,64 @@ def test_params_speak_toxiproxy_and_refuse_what_cannot_work():
 
 
 async def test_the_kernel_backend_needs_a_namespace_the_run_created(tmp_path):
-    inj, _ = fault(ProxyStack(), tmp_path, backend="kernel", link="store-a",
+    inj, _ = fault(ProxyStack("http://127.0.0.1:9", tmp_path / "none"), tmp_path, backend="kernel", link="store-a",
                    toxics=[{"type": "bandwidth", "attributes": {"rate": 100}}])
     with pytest.raises(InjectionError, match="namespace the run created"):
         await inj.plan()
+
+
+def test_only_requests_with_the_run_token_steer_the_proxy(server):
+    """Another local user reached a live drill's Toxiproxy API and added toxics heal left in place."""
+    with httpx.Client(base_url=server, trust_env=False, timeout=5) as http:
+        assert http.get("/version").status_code == 200  # the health probe needs no token
+        for method, path in (("GET", "/proxies"), ("POST", "/proxies"), ("POST", "/reset"),
+                             ("POST", "/proxies/lmcache/toxics"), ("GET", "/metrics")):
+            r = http.request(method, path, json={"name": "x", "type": "latency"})
+            assert r.status_code == 401, (method, path)
+        wrong = http.get("/proxies", headers={"Authorization": "Bearer guess"})
+        assert wrong.status_code == 401
+        assert http.get("/proxies", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+
+
+def test_listeners_outside_the_run_hosts_and_privileged_ports_are_refused(server):
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with httpx.Client(base_url=server, trust_env=False, timeout=5, headers=auth) as http:
+        for listen, why in (("0.0.0.0:0", "only on 127.0.0.1"), ("127.0.0.1:80", "privileged port 80")):
+            r = http.post("/proxies", json={"name": "evil", "listen": listen, "upstream": "127.0.0.1:9"})
+            assert r.status_code == 403 and why in r.text, r.text
+        assert "evil" not in http.get("/proxies").json()
+
+
+def test_an_oversized_body_is_refused_without_being_read(server):
+    """Three parallel unbounded bodies took the server to 1.47 GB: one declared over the cap is answered
+    413 before a byte of it is sent, and a chunked one is cut at the cap."""
+    host, port = server.removeprefix("http://").rsplit(":", 1)
+    for head in (b"Content-Length: 1073741824\r\n", b"Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /proxies HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n" + head + b"\r\n")
+            if b"chunked" in head:
+                chunk = b"x" * 65536
+                try:
+                    for _ in range(40):  # 2.5 MiB, past the 1 MiB cap
+                        sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                except OSError:
+                    pass  # the server closed once the cap was passed
+            assert sock.recv(4096).startswith(b"HTTP/1.1 413 ")
+    with httpx.Client(base_url=server, trust_env=False, timeout=5) as http:
+        assert http.get("/version").status_code == 200  # the server is still there
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_api_still_answers(server):
+    from drills.stack.toxiserver.httpd import MAX_CONNECTIONS
+
+    host, port = server.removeprefix("http://").rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port))) for _ in range(MAX_CONNECTIONS + 8)]
+    try:
+        extra = idle[-1]
+        extra.settimeout(5)
+        assert extra.recv(1) == b""  # closed by the server: no answer, no resource held
+    finally:
+        for s in idle:
+            s.close()
+    with httpx.Client(base_url=server, trust_env=False, timeout=5) as http:
+        assert http.get("/version").status_code == 200

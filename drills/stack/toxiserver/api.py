@@ -10,15 +10,17 @@ timeout), errors as ``{"error","status"}`` JSON sent by ``http.Error`` (text/pla
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import posixpath
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from drills.stack.toxiserver import errors, gojson
+from drills.stack.toxiserver import errors, gojson, netaddr
 from drills.stack.toxiserver.errors import ApiError
 from drills.stack.toxiserver.httpd import Request, Response
 from drills.stack.toxiserver.metrics import ProxyMetrics, runtime_metrics
@@ -77,9 +79,43 @@ def _request_id() -> str:
 Route = tuple[re.Pattern[str], frozenset[str] | None, Callable[..., Awaitable[Response]]]
 
 
+@dataclass(frozen=True)
+class Guard:
+    """What kvdrill adds to the API (upstream Toxiproxy has none of it), so another local user cannot
+    steer a live drill's proxy: every request but ``GET /version`` (the health probe) must carry
+    ``Authorization: Bearer <token>``, and a proxy may listen only on ``listen_hosts`` and, unless
+    ``privileged_ports``, not below port 1024. None of it applies when the server runs without a guard
+    (as upstream, for the conformance suite)."""
+
+    token: str | None = None
+    listen_hosts: frozenset[str] | None = None
+    privileged_ports: bool = False
+
+    def authorized(self, request: Request) -> bool:
+        if self.token is None or (request.method == "GET" and request.target == "/version"):
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
+    def check_listen(self, listen: str) -> None:
+        if self.listen_hosts is None:
+            return
+        try:
+            host, port = netaddr.split_host_port(listen)
+            number = int(port) if port else 0
+        except (netaddr.AddrError, ValueError):
+            return  # the proxy's own bind reports it, with Go's error string
+        if host not in self.listen_hosts:
+            allowed = ", ".join(sorted(self.listen_hosts))
+            raise ApiError(f"listen {listen}: this server lets proxies listen only on {allowed}", 403)
+        if 0 < number < 1024 and not self.privileged_ports:
+            raise ApiError(f"listen {listen}: privileged port {number} refused (--allow-privileged-ports)", 403)
+
+
 class ToxiproxyAPI:
     def __init__(self, collection: ProxyCollection, *, proxy_metrics: ProxyMetrics | None = None,
-                 runtime_metrics: bool = False) -> None:
+                 runtime_metrics: bool = False, guard: Guard | None = None) -> None:
+        self.guard = guard or Guard()
         self.collection = collection
         self.proxy_metrics = proxy_metrics
         self.runtime_metrics = runtime_metrics
@@ -104,6 +140,8 @@ class ToxiproxyAPI:
         self.routes: list[Route] = [(re.compile(p + "$"), frozenset(m) if m else None, h) for p, m, h in routes]
 
     async def __call__(self, request: Request) -> Response:
+        if not self.guard.authorized(request):
+            return Response(401, b"401 Unauthorized: this server needs the run's token\n", dict(_TEXT))
         raw_path, _, query = request.target.partition("?")
         path = unquote(raw_path) or "/"
         clean = _clean_path(path)
@@ -169,6 +207,7 @@ class ToxiproxyAPI:
             raise errors.MISSING_FIELD.joined("name")
         if not fields["upstream"]:
             raise errors.MISSING_FIELD.joined("upstream")
+        self.guard.check_listen(fields["listen"])
         proxy = self.collection.new(fields["name"], fields["listen"], fields["upstream"])
         await self.collection.add(proxy, fields["enabled"])
         return _json(201, proxy.to_json())
@@ -179,6 +218,7 @@ class ToxiproxyAPI:
         try:
             entries = self.populate_entries(request)
             for entry in entries:
+                self.guard.check_listen(entry["listen"])
                 proxy = self.collection.new(entry["name"], entry["listen"], entry["upstream"])
                 created.append(await self.collection.add_or_replace(proxy, entry["enabled"]))
         except ApiError as exc:
@@ -215,6 +255,8 @@ class ToxiproxyAPI:
         proxy = self.collection.get(name)
         fields = _overlay(_body(request), PROXY_FIELDS, "toxiproxy.Proxy",
                           {"name": proxy.name, "listen": proxy.listen, "upstream": proxy.upstream, "enabled": proxy.enabled})
+        if fields["listen"] != proxy.listen:
+            self.guard.check_listen(fields["listen"])
         await proxy.update(fields["listen"], fields["upstream"], fields["enabled"])
         return _json(200, proxy.to_json())
 

@@ -24,9 +24,19 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT = 15.0  # Go's ReadTimeout: the whole request
 IDLE_TIMEOUT = 60.0  # Go's IdleTimeout: between keep-alive requests
 MAX_HEADER_BYTES = 1 << 20  # Go's DefaultMaxHeaderBytes
+# not in upstream (Go reads a body without limit): an API body is a proxy or a toxic, a few hundred bytes,
+# and three unbounded bodies in parallel took the server to 1.47 GB; a larger one is refused with a 413
+MAX_BODY_BYTES = 1 << 20
+MAX_CONNECTIONS = 64  # at once; one more is closed without an answer, as a full listen backlog would
 
 _BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
                 b"400 Bad Request")  # what Go's server writes for an unparseable request
+_TOO_LARGE = (b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
+              b"Connection: close\r\n\r\n413 Request Entity Too Large")
+
+
+class BodyTooLarge(Exception):
+    pass
 
 
 @dataclass
@@ -47,7 +57,22 @@ class Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+_open = 0  # connections being served by this process
+
+
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler) -> None:
+    global _open
+    if _open >= MAX_CONNECTIONS:
+        writer.close()
+        return
+    _open += 1
+    try:
+        await _serve(reader, writer, handler)
+    finally:
+        _open -= 1
+
+
+async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
     try:
         while True:
@@ -55,6 +80,10 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hand
                 request = await _read_request(conn, reader, writer)
             except h11.RemoteProtocolError:
                 writer.write(_BAD_REQUEST)
+                await writer.drain()
+                return
+            except BodyTooLarge:
+                writer.write(_TOO_LARGE)
                 await writer.drain()
                 return
             if request is None:
@@ -93,10 +122,15 @@ async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader,
             return None
         elif isinstance(event, h11.Request):
             request = event
+            length = next((v for k, v in event.headers if k == b"content-length"), b"0")
+            if int(length) > MAX_BODY_BYTES:
+                raise BodyTooLarge
             if conn.they_are_waiting_for_100_continue:
                 writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         elif isinstance(event, h11.Data):
             body += event.data
+            if len(body) > MAX_BODY_BYTES:  # chunked: no length up front
+                raise BodyTooLarge
         elif isinstance(event, h11.EndOfMessage):
             assert request is not None
             headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
