@@ -70,7 +70,10 @@ def _load(path: Path):
 
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")) -> None:
-    """Check scenario files against the schema and the installed injectors; no side effects."""
+    """Check scenario files against the schema, the installed injectors and the dry run's plan (targets the
+    stack has, what the stack can run); no side effects. Isolation refusals depend on `--allow-target`
+    flags: `kvdrill run --dry-run` shows those."""
+    from drills import dryrun
     from drills.matrix import expand, is_matrix_file
 
     bad = 0
@@ -84,6 +87,14 @@ def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")
         except ScenarioError as exc:
             bad += 1
             typer.echo(exc.render(), err=True)
+            continue
+        # a problem `run --dry-run` reports is not ok here either: the two must agree
+        wrong = dryrun.build_plan(loaded)["problems"]
+        if wrong:
+            bad += 1
+            typer.echo(f"{f}: not runnable as written (`kvdrill run --dry-run {f}` shows the plan):", err=True)
+            for w in wrong:
+                typer.echo(f"  {w}", err=True)
             continue
         faults = ", ".join(x.injector for x in loaded.scenario.chaos.faults) or "no faults"
         typer.echo(f"{f}: ok ({loaded.scenario.name}: {faults})")

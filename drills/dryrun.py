@@ -128,6 +128,9 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
             "toxiproxy": view.toxiproxy_url()}
     refusals += [r for name, u in urls.items() if (r := policy.check_url(u, f"stack url {name}"))]
     problems = [f"{f.id}: {p}" for f in faults for p in f.problems]
+    if sc.requires is not None:  # `kvdrill run` refuses it before anything starts: the plan must say so too
+        problems.insert(0, f"requires: needs {sc.requires.stack} ({sc.requires.why}); `kvdrill run` does not run "
+                           "it on the local sandboxes")
     wl = sc.workload
     return {
         "scenario": {"name": sc.name, "path": str(loaded.path), "seed": sc.seed},

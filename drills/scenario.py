@@ -547,7 +547,7 @@ def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel],
 def json_schema() -> dict[str, Any]:
     """Scenario JSON Schema for editors, with each injector's params schema selected by ``injector``."""
     schema = Scenario.model_json_schema()
-    trigger = schema["$defs"]["FaultSpec"]["properties"]["trigger"]
+    fault_fields = schema["$defs"]["FaultSpec"]["properties"]  # trigger, confirm, ...: every family has them
     variants = []
     for name, cls in registry().items():
         params_schema = cls.Params.model_json_schema(ref_template="#/$defs/" + name + "_{model}")
@@ -555,7 +555,7 @@ def json_schema() -> dict[str, Any]:
             schema["$defs"][f"{name}_{def_name}"] = definition
         variants.append({
             "type": "object", "additionalProperties": False, "required": ["injector"],
-            "properties": {"injector": {"const": name}, "params": params_schema, "trigger": trigger},
+            "properties": {**fault_fields, "injector": {"const": name}, "params": params_schema},
         })
     if variants:
         schema["$defs"]["FaultSpec"] = {"oneOf": variants, "description": "one fault, by injector family"}

@@ -830,7 +830,9 @@ def nft_action(op: NftOp) -> tuple[str, list[str]]:
     if isinstance(op, Loss):
         if not 0.0 < op.percent <= 100.0:
             raise KernelNetError(f"loss percent must be in (0, 100], not {op.percent}")
-        return "drop", [f" numgen random mod 10000 < {round(op.percent * 100)}"]
+        share = round(op.percent * 100)
+        # 100% is every packet: `numgen random mod 10000` yields 0..9999, and nft refuses the value 10000
+        return "drop", [f" numgen random mod 10000 < {share}" if share < 10000 else ""]
     if isinstance(op, Blackhole):
         return "drop", [""]
     if isinstance(op, Reject):

@@ -187,3 +187,20 @@ def test_a_rule_chosen_target_is_shown_as_the_rule_not_as_one_contributor():
     [target] = json.loads(text)["faults"][0]["targets"]
     assert code == 0 and target["service"].startswith("store-a or store-b: whichever segment holds the most bytes")
     assert target["master_metrics_url"].endswith("/metrics")
+
+
+def test_validate_and_the_dry_run_agree_on_targets_the_stack_lacks_and_on_requires(tmp_path):
+    """validate said ok for a service no stack has, and the dry run said "plan allowed" for a `requires:`
+    scenario that `kvdrill run` refuses."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nchaos:\n  faults:\n    - injector: process\n      params: {service: store-a, action: kill}\n")
+    out = CliRunner().invoke(app, ["validate", str(bad)])
+    assert out.exit_code == 2 and "no service 'store-a' in stack sandbox" in out.output
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text("name: gpu\nrequires: {stack: compose/gpu, why: needs a GPU}\n")
+    code, text = dry("--json", str(gpu))
+    plan = json.loads(text)
+    assert code == 2 and not plan["allowed"] and "requires: needs compose/gpu (needs a GPU)" in plan["problems"][0]
+    out = CliRunner().invoke(app, ["run", str(gpu)])
+    assert out.exit_code == 2 and "needs compose/gpu" in out.output
+    assert CliRunner().invoke(app, ["validate", str(FLAGSHIP)]).exit_code == 0

@@ -162,3 +162,21 @@ def test_an_oracle_the_stack_cannot_give_is_refused_with_its_line():
         parse_scenario("name: x\noracle: baseline\nstack: {baseline: false}\n", Path("s.yaml"))
     with pytest.raises(ScenarioError, match=r"s.yaml:2: oracle: .*salted.*baseline.*both"):
         parse_scenario("name: x\noracle: salty\n", Path("s.yaml"))
+
+
+def test_every_shipped_scenario_validates_against_the_schema_an_editor_gets():
+    """`kvdrill schema` once lacked the fault field `confirm`, so the shipped game day failed it."""
+    import jsonschema
+    from ruamel.yaml import YAML
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    root = Path(__file__).resolve().parents[2] / "scenarios"
+    checked = 0
+    for path in sorted(root.rglob("*.yaml")):
+        doc = json.loads(json.dumps(YAML(typ="safe").load(path.read_text())))
+        if "matrix" in doc:  # an experiment (scenarios/experiments/): a matrix over scenarios, not one
+            continue
+        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+        assert not errors, f"{path.relative_to(root)}: {errors[:3]}"
+        checked += 1
+    assert checked > 50 and (root / "gameday").is_dir()

@@ -74,6 +74,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 
 
 CHUNKS_PER_PROMPT = 2
+TOKEN, TOKEN_FILE = "kill-campaign-token", "toxiproxy.token"  # the campaign's Toxiproxy asks for it
 
 
 class MiniStack:
@@ -87,10 +88,17 @@ class MiniStack:
         self.l2_dir = run_dir / "stack" / "l2"
         self.l2_fs = None
         self.toxiproxy_url = toxiproxy
+        # the run's copy of the token, where a stack keeps it: rollback reads it only from inside the run
+        self.toxiproxy_token_file = run_dir / "stack" / TOKEN_FILE
+        self.toxiproxy_token_file.parent.mkdir(parents=True, exist_ok=True)
+        self.toxiproxy_token_file.write_text(TOKEN)
         self.chunks = chunks
         self.netns: NetNamespace | None = None
         self.netns_created = False
         self.ports = {"master_rpc": free_port()}
+
+    def toxiproxy_token(self) -> str:
+        return TOKEN
 
     def mount_l2(self, opt: dict[str, Any]) -> None:
         from pydantic import ByteSize, TypeAdapter

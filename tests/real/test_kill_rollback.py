@@ -55,8 +55,9 @@ from drills.rollback import rollback
 from drills.stack.netns import NETNS_DIR
 from drills.stack.process import group_members, tagged_pids
 from drills.stack.sandbox import free_port
+from drills.toxiproxy import api_headers
 from tests.real.conftest import ARTIFACTS, KVDRILL, REPO
-from tests.real.kill_harness import VARIANTS
+from tests.real.kill_harness import TOKEN, TOKEN_FILE, VARIANTS
 
 pytestmark = pytest.mark.real
 
@@ -104,8 +105,10 @@ def toxiproxy(tmp_path_factory):
     config.write_text(json.dumps([{"name": "lmcache", "listen": f"127.0.0.1:{free_port()}",
                                    "upstream": f"127.0.0.1:{upstream.getsockname()[1]}", "enabled": True}]))
     port = free_port()
+    (d / TOKEN_FILE).write_text(TOKEN)  # as a stack runs it: the token, proxies on loopback only
     proc = subprocess.Popen([sys.executable, "-m", "drills.stack.toxiproxy_server", "--host", "127.0.0.1", "--port",
-                             str(port), "--config", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             str(port), "--config", str(config), "--token-file", str(d / TOKEN_FILE),
+                             "--listen-hosts", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -124,7 +127,7 @@ def toxiproxy(tmp_path_factory):
 
 
 def _proxy_problems(url: str) -> list[str]:
-    proxies = httpx.get(url + "/proxies", timeout=5, trust_env=False).json()
+    proxies = httpx.get(url + "/proxies", timeout=5, trust_env=False, headers=api_headers(TOKEN)).json()
     problems = []
     for name, p in proxies.items():
         problems += [f"toxic {t['name']} on {name}" for t in p["toxics"] if t["name"].startswith("kvdrill-")]

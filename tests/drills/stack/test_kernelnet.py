@@ -365,6 +365,18 @@ def test_loss_drops_data_and_the_sender_retransmits(netns, kn):
     assert lossy_bytes > 0 and drops["packets"] > 0 and retrans > 0
 
 
+@needs_root
+def test_loss_of_100_percent_is_accepted_by_nft_and_drops_everything(netns, kn):
+    """`loss_percent: 100`, the documented maximum, made nft refuse the value 10000 (`mod 10000` yields
+    0..9999) and the drill crash."""
+    side = netns[1]
+    conn = side.connect()
+    rec = kn.apply(Loss(Target(port=PORT), percent=100))
+    got, _ = received_within(conn, 1_000_000, window=1.0)
+    assert got == 0 and kn.counters(rec)["packets"] > 0
+    kn.clear()
+
+
 def _peer_of(side: InNamespace, client: socket.socket) -> socket.socket:
     """The server's end of ``client``'s connection."""
     return next(s for s in side.sockets if s.fileno() != -1 and s is not client and _peer(s) == client.getsockname())
