@@ -146,7 +146,10 @@ def describe(res: RunResult) -> list[str]:
         for h in s["heals"]:
             what = "; ".join(h["undone"]) if h["undone"] else "nothing left to undo"
             lines.append(f"  healed {h['fault_id']} {h['after_request_s']} s after the abort: {what}")
-        if not s["heals"]:
+        for h in s.get("healed_before", []):
+            what = "; ".join(h["undone"]) if h["undone"] else "nothing left to undo"
+            lines.append(f"  {h['fault_id']} had been healed before the abort, by the drill's heal phase: {what}")
+        if not s["heals"] and not s.get("healed_before"):
             lines.append("  no fault was injected: nothing to heal")
         lines += [f"  HEAL FAILED: {f['error']}" for f in s["heal_failed"]]
     elif res.kind == "run":

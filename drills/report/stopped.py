@@ -20,6 +20,10 @@ def stop_summary(history: History) -> dict[str, Any] | None:
               "ref": e.ref, "after_request_s": _after(e.ts, requested_at)} for e in history.of_type("fault.healed")
              if requested_at is None or e.ts >= requested_at]
     failed = [{"error": e.data.get("error"), "ref": e.ref} for e in history.of_type("fault.heal_failed")]
+    # healed by the drill's own heal phase before the request came (an abort during recovery): named, so
+    # nobody reads "nothing to heal" as "nothing was injected"
+    before = [{"fault_id": e.data["fault_id"], "undone": e.data["undone"], "ref": e.ref}
+              for e in history.of_type("fault.healed") if requested_at is not None and e.ts < requested_at]
     return {
         "source": req.data["source"] if req else None,
         "reason": req.data["reason"] if req else (stopped.data.get("reason") if stopped else None),
@@ -31,6 +35,7 @@ def stop_summary(history: History) -> dict[str, Any] | None:
         "stopped_after_s": _after(stopped.ts, requested_at) if stopped else None,
         "stopped_ref": stopped.ref if stopped else None,
         "heals": heals,
+        **({"healed_before": before} if before else {}),
         "heal_failed": failed,
         "halt": None if halt is None else {k: halt.data.get(k) for k in
                                            ("condition", "kind", "observed", "op", "threshold", "detail", "evidence")}
