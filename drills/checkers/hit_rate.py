@@ -40,29 +40,41 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
+def increase(after: float, before: float, restarted: bool = False) -> float:
+    """A counter's increase between two scrapes, as Prometheus' ``increase`` reads one across a reset: a
+    process that restarted in between counts from 0, so its value now is all it counted since (a drop
+    below the earlier value is such a restart too). Never negative."""
+    return after if restarted or after < before else after - before
+
+
 def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Counter deltas between two metric points; vLLM counters restart with the engine, so a point
-    from another engine generation is never paired (the runner takes 'before' after any restart)."""
+    """Counter increases between two metric points. vLLM's counters restart with the engine (the points
+    carry its generation) and LMCache's with its server, so a window across a restart counts from the
+    restart, never negative (a report once showed -4604/-6144 hit tokens after an engine restart)."""
     lb, la = before.get("lmcache", {}), after.get("lmcache", {})
     eb, ea = before.get("engine", {}), after.get("engine", {})
+    gb, ga = before.get("engine_generation"), after.get("engine_generation")
+    engine_restarted = gb is not None and ga is not None and gb != ga
     mlb, mla, meb, mea = by_metric(lb), by_metric(la), by_metric(eb), by_metric(ea)
-    d = {name: sum(mla.get(name, ())) - sum(mlb.get(name, ())) for name in (LMC_HIT, LMC_REQ, LMC_L1, LMC_L2)}
-    d.update({name: sum(mea.get(name, ())) - sum(meb.get(name, ()))
+    d = {name: increase(sum(mla.get(name, ())), sum(mlb.get(name, ())))
+         for name in (LMC_HIT, LMC_REQ, LMC_L1, LMC_L2)}
+    d.update({name: increase(sum(mea.get(name, ())), sum(meb.get(name, ())), engine_restarted)
               for name in (EXT_HIT, EXT_Q, APC_HIT, APC_Q, PROMPT)})
     source, claimed = "lmcache_server", None
     if not any(k.startswith(LMC_REQ) for k in la) and any(k.startswith(LOG_RETRIEVED) for k in la):
         # LMCache in-process (sandbox-mooncake): tokens LMCache's log says it really retrieved, over the
         # tokens it was asked to look up (failed requests included, which vLLM's prompt counter leaves
         # out); the lookup's claim is kept beside it (it also counts failed loads)
-        d[LMC_HIT] = total(la, LOG_RETRIEVED) - total(lb, LOG_RETRIEVED)
+        d[LMC_HIT] = increase(total(la, LOG_RETRIEVED), total(lb, LOG_RETRIEVED))
         looked_up = any(k.startswith(LOG_LOOKED_UP) for k in la)  # journals before it existed: vLLM's count
-        d[LMC_REQ] = total(la, LOG_LOOKED_UP) - total(lb, LOG_LOOKED_UP) if looked_up else d[PROMPT]
-        claimed = total(la, LOG_LOOKUP) - total(lb, LOG_LOOKUP)
+        d[LMC_REQ] = increase(total(la, LOG_LOOKED_UP), total(lb, LOG_LOOKED_UP)) if looked_up else d[PROMPT]
+        claimed = increase(total(la, LOG_LOOKUP), total(lb, LOG_LOOKUP))
         source = "engine_log_retrieved_tokens"
     return {
         "lmcache_hit_tokens": d[LMC_HIT], "lmcache_requested_tokens": d[LMC_REQ], "hit_rate_source": source,
         "lookup_claimed_hit_tokens": claimed,
-        "vllm_external_kv_transfer_tokens": _labelled(ea, EXTERNAL_SOURCE) - _labelled(eb, EXTERNAL_SOURCE),
+        "vllm_external_kv_transfer_tokens": increase(_labelled(ea, EXTERNAL_SOURCE), _labelled(eb, EXTERNAL_SOURCE),
+                                                     engine_restarted),
         "lmcache_l1_hit_tokens": d[LMC_L1], "lmcache_l2_hit_tokens": d[LMC_L2],
         "hit_rate_tokens": _ratio(d[LMC_HIT], d[LMC_REQ]),
         "vllm_external_hits": d[EXT_HIT], "vllm_external_queries": d[EXT_Q],
@@ -153,9 +165,9 @@ def store_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
         return None
     if total(la, PUT_DONE) < total(lb, PUT_DONE):
         return None
-    return {"lmcache_logged_stored_tokens": total(la, LOG_STORED) - total(lb, LOG_STORED),
-            "store_puts_completed": (total(la, PUT_DONE) - total(lb, PUT_DONE))
-            - (total(la, PUT_FAILED) - total(lb, PUT_FAILED)),
+    return {"lmcache_logged_stored_tokens": increase(total(la, LOG_STORED), total(lb, LOG_STORED)),
+            "store_puts_completed": increase(total(la, PUT_DONE), total(lb, PUT_DONE))
+            - increase(total(la, PUT_FAILED), total(lb, PUT_FAILED)),
             "store_keys_delta": total(la, KEYS) - total(lb, KEYS)}
 
 

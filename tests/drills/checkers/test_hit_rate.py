@@ -127,3 +127,20 @@ def test_a_warm_up_that_stored_every_chunk_is_no_finding(tmp_path):
     history = _with_warm(tmp_path, chunks=4, mooncake_keys=4, mooncake_keys_before=0, stored_chunks=4,
                          complete=True)
     assert check(RunView(history), HitRateCheck(), correctness_failed=False).verdict == "pass"
+
+
+def test_a_window_across_a_restart_counts_from_the_restart_never_negative():
+    """A report showed -4604/-6144 hit tokens after an engine restart: counters restart with their process."""
+    from drills.checkers.hit_rate import APC_HIT, APC_Q, LMC_HIT, LMC_REQ, PROMPT, window
+
+    before = {"engine_generation": 1, "engine": {APC_HIT: 4604.0, APC_Q: 6144.0, PROMPT: 6144.0},
+              "lmcache": {LMC_HIT + '{cache_salt=""}': 9000.0, LMC_REQ + '{cache_salt=""}': 9000.0}}
+    # the engine restarted (generation 2) and the LMCache server too (its counters fell)
+    after = {"engine_generation": 2, "engine": {APC_HIT: 256.0, APC_Q: 1024.0, PROMPT: 1024.0},
+             "lmcache": {LMC_HIT + '{cache_salt=""}': 512.0, LMC_REQ + '{cache_salt=""}': 1024.0}}
+    w = window(before, after)
+    assert (w["vllm_apc_hits"], w["vllm_apc_queries"]) == (256.0, 1024.0)
+    assert (w["lmcache_hit_tokens"], w["lmcache_requested_tokens"]) == (512.0, 1024.0)
+    # the same generation: plain differences, as before
+    later = {**after, "engine": {APC_HIT: 512.0, APC_Q: 2048.0, PROMPT: 2048.0}}
+    assert window(after, later)["vllm_apc_hits"] == 256.0
