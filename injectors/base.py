@@ -90,6 +90,39 @@ class Injector(ABC):
     async def heal(self) -> HealReport:
         """Undo the fault; safe to call any number of times, also before or after a partial inject."""
 
+    def affects(self) -> set[str]:
+        """The stack services this fault makes unavailable to the services that depend on them (stopped,
+        frozen, unreachable) while it holds: heal undoes it before restarting anything that depends on
+        them (``heal_order``). None by default: the fault leaves every service reachable."""
+        return set()
+
+
+def heal_order(injectors: list[Injector], depends_on: dict[str, set[str]]) -> list[Injector]:
+    """Newest fault first, except that a fault on a service another fault's service depends on (directly
+    or not) is healed before it: a restart of the engine while an older fault still freezes the Mooncake
+    master it needs would fail, and that failure is kvdrill's, not the stack's."""
+    def below(service: str, seen: set[str] | None = None) -> set[str]:
+        seen = set() if seen is None else seen
+        for dep in depends_on.get(service, ()):
+            if dep not in seen:
+                seen.add(dep)
+                below(dep, seen)
+        return seen
+
+    remaining = list(reversed(injectors))
+    order: list[Injector] = []
+    while remaining:
+        for candidate in remaining:
+            needed = set().union(*(below(s) for s in candidate.affects())) if candidate.affects() else set()
+            # another fault still to heal holds a service this one's services need: that one goes first
+            if not any(other is not candidate and other.affects() & needed for other in remaining):
+                break
+        else:
+            candidate = remaining[0]  # a cycle (two faults on services that need each other): newest first
+        order.append(candidate)
+        remaining.remove(candidate)
+    return order
+
 
 def registry() -> dict[str, type[Injector]]:
     """Injector families installed in this environment, by scenario name (a fresh dict per call)."""

@@ -197,6 +197,10 @@ class NetworkFault(Injector):
 
     # --- planning -------------------------------------------------------------------------------------
 
+    def affects(self) -> set[str]:
+        # a proxy and a kernel link are named after the service they lead to: it is unreachable or slow
+        return {name} if (name := self.p.proxy or self.p.link) else set()
+
     def _client(self) -> ToxiproxyClient:
         return ToxiproxyClient(self.ctx.stack.toxiproxy_url, token=self.ctx.stack.toxiproxy_token())
 

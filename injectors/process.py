@@ -148,6 +148,9 @@ class ProcessFault(Injector):
         self._thaw: asyncio.Task | None = None
         self._svc = None  # the generation the fault acts on (a restart replaces the stack's entry)
 
+    def affects(self) -> set[str]:
+        return {self.p.service}  # stopped, killed or frozen until heal (a contributor, for store faults)
+
     def _service(self):
         svc = self.ctx.stack.driver.services.get(self.p.service)
         if svc is None:

@@ -123,7 +123,9 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
                        f"in flight right after the signal{lag})")
     for h in doc["heals"]:
         what = "; ".join(h["undone"]) if h["undone"] else "nothing left to undo"
-        out.append(f"- `{h['fault_id']}` healed ({h['ref']}): {_clip(what, 200)}")
+        held = (f"; still in effect then: {', '.join(f'`{f}`' for f in h['still_in_effect'])}"
+                if h.get("still_in_effect") else "")
+        out.append(f"- `{h['fault_id']}` healed ({h['ref']}): {_clip(what, 200)}{held}")
     if not doc["faults"]:
         out.append("- none injected")
     out += ["", "## Host shared memory", "",
