@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,6 +67,17 @@ TCP_IP_HEADERS = 52  # IPv4 20 + TCP 20 + timestamps 12: what each segment carri
 Match = Literal["sport", "dport", "both"]
 Direction = Literal["egress", "ingress", "both"]
 Stream = Literal["upstream", "downstream"]
+
+
+# One lock per namespace for the read-a-free-slot-then-add sequence: two faults with the same trigger
+# are applied from two threads at once, both read the same free slot, and both proofs then failed.
+_SLOT_LOCKS: dict[str, threading.Lock] = {}
+_SLOT_LOCKS_GUARD = threading.Lock()
+
+
+def _slot_lock(netns: str) -> threading.Lock:
+    with _SLOT_LOCKS_GUARD:
+        return _SLOT_LOCKS.setdefault(netns, threading.Lock())
 
 
 class KernelNetError(RuntimeError):
@@ -468,12 +480,12 @@ class KernelNet:
         return proc.returncode == 0
 
     def apply(self, op: Op) -> dict[str, Any]:
-        """Apply one operation; returns the record (JSON-ready) that says what was added and how to undo it."""
-        if isinstance(op, Bandwidth):
-            return self._apply_bandwidth(op)
-        if isinstance(op, (Loss, Reject, Blackhole, ByteLimit)):
-            return self._apply_nft(op)
-        raise KernelNetError(f"not a kernel operation: {op!r}")
+        """Apply one operation; returns the record (JSON-ready) that says what was added and how to undo it.
+        Operations in one namespace are applied one at a time (each picks a free nft slot or tc class)."""
+        if not isinstance(op, (Bandwidth, Loss, Reject, Blackhole, ByteLimit)):
+            raise KernelNetError(f"not a kernel operation: {op!r}")
+        with _slot_lock(self.name):
+            return self._apply_bandwidth(op) if isinstance(op, Bandwidth) else self._apply_nft(op)
 
     def _used_nft_slots(self) -> set[int]:
         slots = set()

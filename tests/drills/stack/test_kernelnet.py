@@ -366,6 +366,19 @@ def test_loss_drops_data_and_the_sender_retransmits(netns, kn):
 
 
 @needs_root
+def test_two_faults_applied_at_once_get_two_slots(netns, kn):
+    """Two kernel faults with the same trigger are applied from two threads at once: both read the same
+    free nft slot, and both proofs failed (ERROR). Applying is serialized per namespace."""
+    import concurrent.futures
+
+    ops = [Reject(Target(port=PORT + i), new_connections=True) for i in range(1, 5)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        records = list(pool.map(kn.apply, ops))
+    assert sorted(r["slot"] for r in records) == [1, 2, 3, 4]
+    assert all(kn.verify(r)["active"] for r in records)
+
+
+@needs_root
 def test_loss_of_100_percent_is_accepted_by_nft_and_drops_everything(netns, kn):
     """`loss_percent: 100`, the documented maximum, made nft refuse the value 10000 (`mod 10000` yields
     0..9999) and the drill crash."""
