@@ -64,10 +64,12 @@ class RollbackReport:
     items: list[Item] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # undecodable journal lines (reported, not fatal)
     verdict_added: bool = False
+    judged: str | None = None  # the verdict the checks gave a run killed after its drain
 
     def add(self, step: str, heal: HealReport) -> None:
         self.items += [Item(step, "undone", w) for w in heal.undone]
         self.items += [Item(step, "already_healed", w) for w in heal.already_healed]
+        self.items += [Item(step, "failed", w) for w in heal.failed]
 
     def of(self, status: Status) -> list[Item]:
         return [i for i in self.items if i.status == status]
@@ -578,7 +580,7 @@ def _recorded_pids(history: History) -> set[int]:
     """Every pid the journal says belonged to the run: service leaders, stopped groups, fault targets (a
     process fault records the group's members, so a group it killed before the crash still names them)."""
     pids: list[Any] = []
-    for e in history.of_type("service.started", "service.stopped"):
+    for e in history.of_type("service.started", "service.healthy", "service.stopped"):
         pids += [e.data.get("pid"), *_list(e.data.get("group"))]
     for e in history.of_type("fault.planned"):
         for t in _list(e.data.get("targets")):
@@ -732,10 +734,41 @@ def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
         journal.append("rollback.finished", undone=len(report.of("undone")),
                        already_healed=len(report.of("already_healed")), failed=len(report.of("failed")))
         if history.first("run.started") is not None and history.first("verdict") is None:
-            _mark_aborted(run_dir, journal, report)
+            if not _judge_complete(run_dir, history, journal, report):
+                _mark_aborted(run_dir, journal, report)
     finally:
         journal.close()
     return report
+
+
+def _judge_complete(run_dir: Path, history: History, journal: Journal, report: RollbackReport) -> bool:
+    """A run killed after its drain had journaled everything its checks read (only the verdict and the
+    report were left): it gets the verdict its checks give, as ``kvdrill analyze`` would, not ABORTED (a kill
+    in stack down once turned an expected FAIL into ABORTED). False when the drain never finished."""
+    if not any(e.phase == "drain" and e.data.get("error") is None for e in history.of_type("phase.finished")):
+        return False
+    try:
+        from drills.analyze import CHECK_NAMES, analyze, load_run_scenario
+        from drills.report import write_reports
+        from drills.runner import Outcome
+
+        checks = load_run_scenario(run_dir, history).checks
+        a = analyze(run_dir, [n for n in CHECK_NAMES if getattr(checks, n).enabled], write=False)
+        d = a.decision
+        reason = f"{d.reason} (judged by `kvdrill rollback` from the complete journal: kvdrill died after the drain)"
+        journal.phase = "report"
+        journal.append("verdict", verdict=d.verdict, reason=reason, checks=[r.as_dict() for r in a.results],
+                       expectation=d.expectation, exit_code=d.exit_code, by="rollback")
+        report.verdict_added, report.judged = True, d.verdict
+        started = history.first("run.started")
+        write_reports(run_dir, run_dir / "scenario.yaml", read_history(run_dir / JOURNAL_NAME),
+                      Outcome(run_id=str(started.data.get("run_id", run_dir.name)) if started else run_dir.name,
+                              run_dir=run_dir, verdict=d.verdict, reason=reason, checks=a.results,
+                              expectation=d.expectation, exit_code=d.exit_code))
+        return True
+    except Exception as exc:  # noqa: BLE001 - a journal the checks cannot read gets ABORTED, as before
+        journal.append("rollback.judge_failed", error=f"{type(exc).__name__}: {exc}")
+        return report.verdict_added
 
 
 def _mark_aborted(run_dir: Path, journal: Journal, report: RollbackReport) -> None:
@@ -776,5 +809,6 @@ def render(report: RollbackReport, console) -> None:
     if not undone and not failed:
         console.print("  nothing left to undo")
     if report.verdict_added:
-        console.print("  the run had no verdict: marked ABORTED (crashed)")
+        console.print(f"  the run had no verdict: its complete journal judged {report.judged.upper()}" if report.judged
+                      else "  the run had no verdict: marked ABORTED (crashed)")
     console.print(f"  {len(undone)} undone, {len(healed)} already healed, {len(failed)} failed")

@@ -603,7 +603,8 @@ class Runner:
             report = await injector.heal()
             self.journal.append("fault.healed", fault_id=injector.ctx.fault_id, undone=report.undone,
                                 already_healed=report.already_healed,
-                                still_in_effect=[later.ctx.fault_id for later in order[i + 1:]])
+                                still_in_effect=[later.ctx.fault_id for later in order[i + 1:]],
+                                **({"failed": report.failed} if report.failed else {}))
         self.injectors.clear()
 
     async def _always_heal(self) -> None:

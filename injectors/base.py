@@ -63,7 +63,8 @@ class Proof:
 @dataclass
 class HealReport:
     undone: list[str] = field(default_factory=list)
-    already_healed: list[str] = field(default_factory=list)
+    already_healed: list[str] = field(default_factory=list)  # read back: the fault's effect is not there
+    failed: list[str] = field(default_factory=list)  # still in effect and not undone, with why
 
 
 class Injector(ABC):

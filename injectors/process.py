@@ -94,10 +94,13 @@ def undo(record: dict[str, Any]) -> HealReport:
     if not members:
         report.already_healed.append(f"{service} group {pgid} is gone")
         return report
-    if record.get("argv") and not leader_runs(pgid, record["argv"]):
-        report.already_healed.append(f"{service}: pid {pgid} no longer runs the recorded command; not signalled")
-        return report
     stopped = [p for p, s in process_states(members).items() if s == "T"]
+    if record.get("argv") and not leader_runs(pgid, record["argv"]):
+        # not signalled; "healed" only if the state read back says nothing there is frozen
+        why = f"{service}: pid {pgid} no longer runs the recorded command; not signalled"
+        (report.failed if stopped else report.already_healed).append(
+            why + (f", and pids {sorted(stopped)} of group {pgid} are still stopped (SIGSTOP)" if stopped else ""))
+        return report
     os.killpg(pgid, signal.SIGCONT)
     (report.undone if stopped else report.already_healed).append(
         f"SIGCONT to {service} group {pgid}" + (f" ({len(stopped)} stopped process(es))" if stopped else " (none was stopped)"))

@@ -301,8 +301,10 @@ class ServiceDriver(ABC):
             await asyncio.sleep(0.5)
         svc.ready_s = time.monotonic() - svc.started_at
         svc.members |= await asyncio.to_thread(svc.group)
+        # the group's pids as the stack serves (vLLM's EngineCore names LMCache's KV segment after itself): a
+        # kvdrill killed before the stop is journaled still leaves rollback the names of what to clean
         self.journal.append("service.healthy", service=svc.spec.name, pid=svc.pid, generation=svc.generation,
-                            ready_s=round(svc.ready_s, 2))
+                            ready_s=round(svc.ready_s, 2), group=sorted(svc.members))
         log.info("service healthy", service=svc.spec.name, ready_s=round(svc.ready_s, 1))
 
     def _start_failed(self, svc: Any, what: str) -> ServiceStartError:

@@ -267,3 +267,30 @@ def test_a_container_pods_namespace_name_is_removed_and_the_namespace_left_to_it
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
+
+
+def test_a_run_killed_after_its_drain_gets_the_verdict_its_checks_give_not_aborted(tmp_path, monkeypatch):
+    """A kill in stack down, after every check's data was journaled, turned an expected FAIL into ABORTED:
+    `analyze --checks` recovered it, rollback did not. The stored real run is cut right after its drain."""
+    import json
+    import shutil
+
+    import drills.rollback as rb
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "20261130-094108-engine-kill-mid-store-2abc53"
+    run = tmp_path / src.name
+    shutil.copytree(src, run)
+    monkeypatch.setattr(rb, "_remove_shm", lambda pids, report, state: None)  # the stored pids are not this host's
+    lines = (run / "journal.jsonl").read_text().splitlines()
+    end = max(i for i, line in enumerate(lines) if '"type":"phase.finished"' in line.replace(" ", "")
+              and json.loads(line)["phase"] == "drain")
+    (run / "journal.jsonl").write_text("\n".join(lines[:end + 1]) + "\n")
+    for name in ("verdict.json", "report.md", "record.json", "junit.xml", "report.html"):
+        (run / name).unlink(missing_ok=True)
+    stored = json.loads((src / "verdict.json").read_text())
+    report = rb.rollback(run)
+    assert report.verdict_added and report.judged == stored["verdict"] == "fail"
+    doc = json.loads((run / "verdict.json").read_text())
+    assert doc["verdict"] == "fail" and doc["exit_code"] == stored["exit_code"] == 0
+    assert [c["verdict"] for c in doc["checks"]] == [c["verdict"] for c in stored["checks"]]
+    assert "judged by `kvdrill rollback` from the complete journal" in doc["reason"]

@@ -300,6 +300,29 @@ def test_shm_segments_older_than_the_run_are_left(tmp_path):
         seg.unlink(missing_ok=True)
 
 
+def test_a_kill_before_the_stop_was_journaled_still_removes_the_engine_cores_segment(tmp_path):
+    """A kill during stack down left a 1 GiB /dev/shm/lmcache_kv_<pid> segment and rollback said nothing was
+    left: the segment is named after vLLM's EngineCore, a member of the engine's group that only the stop
+    event listed. service.healthy lists the group now."""
+    leader = subprocess.Popen([sys.executable, "-c", "pass"])
+    core = subprocess.Popen([sys.executable, "-c", "pass"])
+    leader.wait(), core.wait()
+    run = tmp_path / "run"
+    j = _journal(run, started_ts=time.time() - 5)
+    seg = Path(f"/dev/shm/lmcache_kv_{core.pid}_0")
+    seg.write_bytes(b"\0" * 4096)
+    try:
+        j.append("service.started", service="engine", pid=leader.pid, pgid=leader.pid, generation=1)
+        j.append("service.healthy", service="engine", pid=leader.pid, generation=1, ready_s=1.0,
+                 group=[leader.pid, core.pid])
+        j.close()  # killed in down: no service.stopped
+        report = rb.rollback(run)
+        assert not seg.exists()
+        assert any(f"removed /dev/shm/lmcache_kv_{core.pid}_0" in i.what for i in report.of("undone"))
+    finally:
+        seg.unlink(missing_ok=True)
+
+
 def test_forged_served_dir_and_named_process_and_docker_host_are_refused(tmp_path, bystander, monkeypatch):
     monkeypatch.setitem(rb.UNDO, "model", lambda data: pytest.fail("model undo ran"))
     monkeypatch.setitem(rb.UNDO, "named_process", lambda data: pytest.fail("named_process undo ran"))

@@ -180,3 +180,27 @@ async def test_term_without_escalation_is_not_proven_when_the_group_stays(stack,
     proof = await inj.verify()
     assert not proof.effective and "still has pids" in proof.summary
     await inj.heal()
+
+
+def test_undo_never_calls_a_still_frozen_group_healed():
+    """Rollback once reported a still-frozen Mooncake contributor as "already healed": the leader's command
+    line did not match the record, so it was not signalled, and the state was never read back."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from injectors.process import undo
+
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        os.killpg(proc.pid, signal.SIGSTOP)
+        while process_states({proc.pid}).get(proc.pid) != "T":
+            time.sleep(0.01)
+        report = undo({"action": "cont", "service": "store-a", "pgid": proc.pid, "argv": ["mooncake_master"]})
+        assert report.already_healed == [] and report.undone == []
+        assert "still stopped (SIGSTOP)" in report.failed[0] and str(proc.pid) in report.failed[0]
+        assert process_states({proc.pid})[proc.pid] == "T"  # still not signalled: the command is not ours
+    finally:
+        proc.kill()
+        proc.wait()
