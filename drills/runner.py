@@ -456,6 +456,20 @@ class Runner:
             self.journal.append("observe.log", service=self.stack.cache_log.removesuffix(".log"),
                                 file=f"logs/{self.stack.cache_log}", matches=logs.matches_since(mark))
 
+    def _loaded_damaged_kv(self) -> str | None:
+        """Why this stack must not serve the next drill as it is, when a kv_corrupt fault was in effect: the
+        damaged KV it made the engine load outlives the heal and the L1/L2 reset between drills. Measured
+        (2026-12-02): after lmcache-4533-exponent-bitflip and lmcache-4533-stale on one stack, two prompts of
+        the next drill (lmcache-4533-swap, other tokens, other chunk keys) answered a run of "0"s before any
+        fault; on a fresh stack they were right. So the cache server and the engine restart first."""
+        effective = {e.data.get("fault_id") for e in self.journal_events("fault.verified") if e.data.get("effective")}
+        corrupted = [e.data.get("fault_id") for e in self.journal_events("fault.planned")
+                     if e.data.get("injector") == "kv_corrupt" and e.data.get("fault_id") in effective]
+        if not corrupted:
+            return None
+        return (f"{', '.join(map(str, corrupted))} made the engine load damaged KV, which outlives the heal and the "
+                "cache reset (a later drill's unrelated prompts answered a run of '0's), so it is repaired first")
+
     async def _metrics_point(self, point: str, wave: int | None, **tag: Any) -> None:
         """One scrape of both metric endpoints. ``tag`` (``oracle_set``) marks the points around an oracle
         wave sent during a fault: they prove that wave cold and stay out of the phase's own windows."""
@@ -629,8 +643,9 @@ class Runner:
         if self.stack is None:
             return
         if self.pool is not None:
-            if self.completed and self.scenario.stack.reuse and (self.reusable or self.stack.repairable):
-                dirty = None if self.reusable else "the drain did not bring every count back to its pre-chaos value"
+            dirty = (None if self.reusable else "the drain did not bring every count back to its pre-chaos value"
+                     ) or self._loaded_damaged_kv()
+            if self.completed and self.scenario.stack.reuse and (dirty is None or self.stack.repairable):
                 self.pool.keep(self.scenario.stack, self.stack, self.scenario.seed, self.run_id, dirty=dirty)
                 self.journal.append("stack.left_running", stack_dir=str(self.stack.run_dir),
                                     services=self.stack.services_now(), dirty=dirty,

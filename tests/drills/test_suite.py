@@ -107,3 +107,23 @@ def test_a_drill_needing_the_baseline_runs_first_and_an_expected_error_last(tmp_
     broken.write_text("name: broken\nseed: 8\n" + BASE + "expect: {verdict: error}\n")
     entries, _ = load_all([broken, scenario(tmp_path, "a"), both, scenario(tmp_path, "b", seed=2)])
     assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["both", "a", "b", "broken"]
+
+
+def test_a_stack_that_loaded_damaged_kv_is_repaired_before_the_next_drill(tmp_path):
+    """After lmcache-4533-exponent-bitflip and -stale on one stack, two prompts of lmcache-4533-swap (other
+    tokens, other keys) answered runs of "0" before any fault; on a fresh stack they were right."""
+    from drills.journal import Journal
+    from drills.runner import Runner
+
+    r = Runner.__new__(Runner)  # only the journal is read
+    r.journal = Journal(tmp_path)
+    r.journal.append("fault.planned", fault_id="f0-network", injector="network")
+    r.journal.append("fault.verified", fault_id="f0-network", effective=True)
+    assert r._loaded_damaged_kv() is None
+    r.journal.append("fault.planned", fault_id="f1-kv_corrupt", injector="kv_corrupt")
+    r.journal.append("fault.verified", fault_id="f1-kv_corrupt", effective=False)  # never in effect: no damage
+    assert r._loaded_damaged_kv() is None
+    r.journal.append("fault.planned", fault_id="f2-kv_corrupt", injector="kv_corrupt")
+    r.journal.append("fault.verified", fault_id="f2-kv_corrupt", effective=True)
+    assert "f2-kv_corrupt made the engine load damaged KV" in r._loaded_damaged_kv()
+    r.journal.close()
