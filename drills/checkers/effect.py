@@ -124,6 +124,13 @@ def _pairing(view: RunView) -> _Pairing | None:
     return None
 
 
+def _unpaired(view: RunView) -> str:
+    """Why no chaos wave has a reference to compare with (``_pairing`` gave None)."""
+    if not view.phase_responses("chaos"):
+        return "no chaos traffic was answered or sent (the drill was cut short before it)"
+    return "chaos sends fresh prompts once, and nothing without the fault is like them"
+
+
 def _rate(view: RunView, phase: str, which: str) -> float | None:
     lm = (first_vs_repeat(view, phase) or {}).get("lmcache") or {}
     parts = [lm.get("first"), lm.get("repeat")] if which == "all" else [lm.get(which)]
@@ -176,8 +183,8 @@ def _assess(view: RunView) -> Effect:
     else:
         compared.append({"signal": "hit_rate", "text": "hit rate not compared: " + (
             "no LMCache counters for the waves compared" if pair else
-            "chaos sends fresh prompts once, and nothing without the fault is like them (workload.repeats: 2 "
-            "gives repeat waves to compare)")})
+            _unpaired(view) + ("" if not view.phase_responses("chaos") else
+                               " (workload.repeats: 2 gives repeat waves to compare)"))})
 
     actions = [str(e.data.get("action")) for e in view.history.of_type("action") if e.phase == "chaos"]
     s_l2, c_l2 = _l2_share(view, "steady"), _l2_share(view, "chaos")
@@ -193,7 +200,8 @@ def _assess(view: RunView) -> Effect:
         compared.append({"signal": "latency", "text": f"latency not compared: chaos actions {', '.join(actions)} "
                                                       "changed the cache state steady ran with"})
     elif pair is None:
-        compared.append({"signal": "latency", "text": "latency not compared: chaos sends fresh prompts once"})
+        compared.append({"signal": "latency", "text": "latency not compared: " + (
+            "chaos sends fresh prompts once" if view.phase_responses("chaos") else _unpaired(view))})
     elif t_ref and t_chaos is not None:
         ratio = t_chaos / t_ref
         entry = {"signal": "latency", "reference_ttft_p50_s": round(t_ref, 4), "chaos_ttft_p50_s": round(t_chaos, 4),

@@ -111,3 +111,12 @@ def test_fresh_prompts_sent_once_leave_no_effect_unclaimed(tmp_path):
     assert {s["signal"] for s in e.signals} == {"hit_rate", "latency"}
     # an answer or error still makes it an effect
     assert assess(RunView(build(tmp_path / "w", fresh=True, chaos_waves=1, failed=True))).status == "effect"
+
+
+def test_a_drill_cut_short_before_chaos_traffic_is_not_said_to_have_sent_fresh_prompts(tmp_path):
+    """The fault-effect section said "fresh prompts" for a drill that used the same prompts and whose
+    engine never came up: with no chaos answers at all, it says so."""
+    e = assess(RunView(build(tmp_path, chaos_waves=0)))
+    texts = " ".join(s["text"] for s in e.signals)
+    assert "fresh prompts" not in texts and "fresh prompts" not in e.summary
+    assert "no chaos traffic was answered or sent" in texts
