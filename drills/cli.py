@@ -68,6 +68,19 @@ def _load(path: Path):
         raise typer.Exit(2) from exc
 
 
+def _kill_switch_dir() -> None:
+    """A drill registers itself where `kvdrill abort` finds it: that directory must be the user's own, or
+    nothing starts (drills/privdir.py says why it refuses one)."""
+    from drills.active import state_dir
+    from drills.privdir import PrivateDirError
+
+    try:
+        state_dir()
+    except PrivateDirError as exc:
+        typer.echo(f"kill-switch state: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")) -> None:
     """Check scenario files against the schema, the installed injectors and the dry run's plan (targets the
@@ -150,6 +163,7 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
     if needs is not None:
         typer.echo(f"not run: {scenario} needs {needs.stack}: {needs.why}", err=True)
         raise typer.Exit(2)
+    _kill_switch_dir()
     runner = Runner(loaded, reports_dir, keep=keep, console=err, allow_targets=tuple(allow_target))
     typer.echo(f"run {runner.run_id} -> {runner.run_dir}", err=True)
     try:
@@ -191,6 +205,7 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
     if stack is not None:
         for entry in entries:
             entry.loaded = _on_stack(entry.loaded, stack)
+    _kill_switch_dir()
     outcome = asyncio.run(run_suite(entries, reports_dir, fail_fast=fail_fast, console=err,
                                       allow_targets=tuple(allow_target)))
     if junit is not None:
@@ -214,6 +229,7 @@ def campaign(scenario: Path = typer.Argument(..., help="scenario YAML whose work
     suite's index.md and junit.xml. Exit 0 only when every run passed."""
     from drills.campaign import CampaignError, run_campaign
 
+    _kill_switch_dir()
     try:
         result = asyncio.run(run_campaign(scenario, runs, reports_dir, reuse_stack=reuse_stack, console=err))
     except (CampaignError, ScenarioError) as exc:
@@ -268,6 +284,7 @@ def abort(run_ids: list[str] = typer.Argument(None, help="run ids (or a unique p
     from drills.abort import AbortError, describe
     from drills.abort import abort as do_abort
 
+    _kill_switch_dir()
     try:
         results = do_abort(list(run_ids or []), timeout=timeout)
     except AbortError as exc:

@@ -26,8 +26,13 @@ class PrivateDirError(RuntimeError):
 
 def private_dir(path: Path) -> Path:
     """``path`` as a directory only the effective user can use, made (0700) if it does not exist."""
-    with contextlib.suppress(FileExistsError):
+    try:
         path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise PrivateDirError(f"{path}: cannot be made ({exc.strerror}); set KVDRILL_STATE_DIR to a directory "
+                              "of yours") from None
     try:
         st = os.lstat(path)
     except OSError as exc:

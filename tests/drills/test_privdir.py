@@ -106,3 +106,26 @@ def test_an_entry_is_signalled_only_while_pid_start_time_and_owner_all_match(tmp
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_state_dir_that_cannot_be_made_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PrivateDirError, match="cannot be made"):
+        private_dir(tmp_path / "file" / "kvdrill")
+
+
+def test_run_refuses_to_start_on_a_state_dir_it_cannot_trust(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from drills.cli import app
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setenv(active.ENV, str(tmp_path / "link"))
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\n")
+    out = CliRunner().invoke(app, ["run", str(scenario), "--reports-dir", str(tmp_path / "reports")])
+    assert out.exit_code == 2 and "kill-switch state:" in out.output and "is a symlink" in out.output
+    assert not (tmp_path / "reports").exists()
+    out = CliRunner().invoke(app, ["abort"])
+    assert out.exit_code == 2 and "is a symlink" in out.output
