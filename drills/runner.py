@@ -462,8 +462,9 @@ class Runner:
         (2026-12-02): after lmcache-4533-exponent-bitflip and lmcache-4533-stale on one stack, two prompts of
         the next drill (lmcache-4533-swap, other tokens, other chunk keys) answered a run of "0"s before any
         fault; on a fresh stack they were right. So the cache server and the engine restart first."""
-        effective = {e.data.get("fault_id") for e in self.journal_events("fault.verified") if e.data.get("effective")}
-        corrupted = [e.data.get("fault_id") for e in self.journal_events("fault.planned")
+        history = read_history(self.journal.path)  # once: the journal of a long drill is large
+        effective = {e.data.get("fault_id") for e in history.of_type("fault.verified") if e.data.get("effective")}
+        corrupted = [e.data.get("fault_id") for e in history.of_type("fault.planned")
                      if e.data.get("injector") == "kv_corrupt" and e.data.get("fault_id") in effective]
         if not corrupted:
             return None

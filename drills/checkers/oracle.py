@@ -103,9 +103,10 @@ def check(view: RunView) -> CheckResult:
         return CheckResult("oracle", "pass", "the baseline engine (no KV connector, no prefix cache) judged every "
                                              f"answer{': ' + why if why else ''}", details={"source": source})
     first = view.phase_responses("oracle", target="oracle")
+    sets = view.oracle_sets()
     waves = [("the salted oracle phase", first, view.metric_points("oracle"),
               view.phase_responses("oracle", target="baseline"))]
-    for fid, (responses, points) in view.oracle_sets().items():
+    for fid, (responses, points) in sets.items():
         waves.append((f"the salted oracle wave of {fid}", [e for e in responses if e.data.get("target") == "oracle"],
                       points, [e for e in responses if e.data.get("target") == "baseline"]))
     problems: list[str] = []
@@ -138,7 +139,7 @@ def check(view: RunView) -> CheckResult:
                                               f"{d['index']} ({d['salted']} vs {d['baseline']})",
                            evidence=[e for d in disagree for e in d["refs"]], details=details)
     agreed = f"; the baseline agrees on all {salted_n}" if mode == "both" else ""
-    again = [f"{len(w[1])} asked again while {fid} held" for fid, w in zip(view.oracle_sets(), waves[1:])]
+    again = [f"{len(w[1])} asked again while {fid} held" for fid, w in zip(sets, waves[1:])]
     during = f" ({'; '.join(again)})" if again else ""
     return CheckResult("oracle", "pass", f"{len(cold)}/{salted_n} salted oracle answers proven cold (vLLM "
                                          f"cached_tokens 0, no LMCache hit for their salt){during}{agreed}",
