@@ -91,7 +91,7 @@ class ProcessStack:
 
     def depends_on(self) -> dict[str, set[str]]:
         """Each service's direct dependencies, as the stack's topology declares them."""
-        return {name: set(spec.depends_on) for name, spec in self.specs.items()}
+        return {name: {*spec.depends_on, *spec.after_start} for name, spec in self.specs.items()}
 
     async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         await self.driver.restart(self.specs[name], self.http, sig=sig, grace=grace)

@@ -52,7 +52,12 @@ class ServiceSpec:
     env: dict[str, str]
     health_url: str
     startup_deadline: float
-    depends_on: list[str] = field(default_factory=list)
+    depends_on: list[str] = field(default_factory=list)  # started once these answer their health URL
+    # started once these have been started, without waiting for their health: a vLLM engine spends its first
+    # 10-20 s importing and loading before it first talks to the LMCache server (which waits mq_timeout for a
+    # server still starting), so the two starts overlap instead of adding up. The stack is up only when every
+    # service is healthy either way.
+    after_start: list[str] = field(default_factory=list)
     netns: str | None = None  # network namespace to run in (``ip netns exec`` execs, so the pid stays the service's)
     # a stop signals the leader alone first, as docker stop and kubelet do, so a service that shuts
     # its own children down (vLLM's API server and EngineCore) does it in its order; the group gets
@@ -324,15 +329,20 @@ class ServiceDriver(ABC):
         """Start every service as soon as the services it depends on are healthy (so an engine does not
         wait for an unrelated baseline); if one fails, the TaskGroup cancels the rest and the caller
         stops them. ``source`` names the compose file in errors."""
-        unknown = {d for s in specs.values() for d in s.depends_on} - set(specs)
+        unknown = {d for s in specs.values() for d in (*s.depends_on, *s.after_start)} - set(specs)
         if unknown:
-            raise StackError(f"depends_on names unknown services {sorted(unknown)} in {source}")
+            raise StackError(f"depends_on/after_start names unknown services {sorted(unknown)} in {source}")
         healthy = {name: asyncio.Event() for name in specs}
+        launched = {name: asyncio.Event() for name in specs}
 
         async def bring_up(spec: ServiceSpec) -> None:
             for dep in spec.depends_on:
                 await healthy[dep].wait()
-            await self.wait_healthy(await self._launch(spec), http)
+            for dep in spec.after_start:
+                await launched[dep].wait()
+            svc = await self._launch(spec)
+            launched[spec.name].set()
+            await self.wait_healthy(svc, http)
             healthy[spec.name].set()
 
         try:
@@ -349,7 +359,7 @@ class ServiceDriver(ABC):
 
     async def stop_all(self) -> None:
         # dependents first (concurrently), so vLLM unregisters from a still-running LMCache server
-        needed = {dep for svc in self.services.values() for dep in svc.spec.depends_on}
+        needed = {dep for svc in self.services.values() for dep in (*svc.spec.depends_on, *svc.spec.after_start)}
         await asyncio.gather(*(self.stop(n) for n in list(self.services) if n not in needed))
         await asyncio.gather(*(self.stop(n) for n in list(self.services)))
 

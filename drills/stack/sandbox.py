@@ -64,6 +64,7 @@ def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, 
             health_url=fmt(raw["health"]),
             startup_deadline=parse_duration(fmt(raw.get("startup_deadline", "120s"))),
             depends_on=list(raw.get("depends_on") or []),
+            after_start=list(raw.get("after_start") or []),
             netns=str(variables["netns"]) if raw.get("netns") else None,
             stop_leader_first=raw.get("stop", "group") == "leader",
         )

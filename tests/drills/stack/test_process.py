@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from drills.journal import Journal, read_history
-from drills.stack.process import ProcessDriver, ServiceSpec, ServiceStartError, group_members
+from drills.stack.process import ProcessDriver, ServiceSpec, ServiceStartError, StackError, group_members
 from drills.stack.sandbox import free_port
 from tests.process_fixtures import STUBBORN_SERVICE as SERVICE
 
@@ -122,3 +122,44 @@ async def test_leader_first_stop_lets_the_leader_stop_its_children(tmp_path, lea
     [stopped] = [e for e in read_history(tmp_path).events if e.type == "service.stopped"]
     expected = ["SIGTERM (leader)"] if leader == "stops-child" else ["SIGTERM (leader)", "SIGTERM"]
     assert stopped.data["signals"] == expected
+
+
+SLOW_HEALTH = """
+import http.server, sys, time
+time.sleep(1.5)  # a server still importing: started, not yet answering
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+async def test_after_start_starts_beside_a_service_still_starting_and_depends_on_waits_for_its_health(tmp_path):
+    """``after_start`` overlaps two starts (an engine's imports with LMCache's); ``depends_on`` waits for health;
+    the stack is up only when every service answers, and stop_all stops the dependent one first."""
+    journal = Journal(tmp_path)
+    driver = ProcessDriver(tmp_path / "logs", journal)
+    base = spec(tmp_path, "server", script=SLOW_HEALTH)
+    specs = {"server": base,
+             "beside": ServiceSpec(**{**spec(tmp_path, "beside", script=SLOW_HEALTH).__dict__, "after_start": ["server"]}),
+             "behind": ServiceSpec(**{**spec(tmp_path, "behind", script=SLOW_HEALTH).__dict__, "depends_on": ["server"]})}
+    async with httpx.AsyncClient() as http:
+        await driver.start_all(specs, http, tmp_path / "stack.yaml")
+    await driver.stop_all()
+    journal.close()
+    events = read_history(tmp_path).events
+    at = {(e.type, e.data["service"]): e.ts for e in events if e.type in ("service.started", "service.healthy")}
+    assert at["service.started", "beside"] < at["service.healthy", "server"]  # overlapped
+    assert at["service.started", "behind"] >= at["service.healthy", "server"]  # waited
+    assert all(("service.healthy", name) in at for name in specs)
+    stopped = [e.data["service"] for e in events if e.type == "service.stopped"]
+    assert stopped.index("server") > max(stopped.index("beside"), stopped.index("behind"))
+
+
+async def test_after_start_naming_an_unknown_service_is_refused(tmp_path):
+    driver = ProcessDriver(tmp_path / "logs", Journal(tmp_path))
+    specs = {"svc": ServiceSpec(**{**spec(tmp_path).__dict__, "after_start": ["lmcahce"]})}
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(StackError, match=r"unknown services \['lmcahce'\]"):
+            await driver.start_all(specs, http, tmp_path / "stack.yaml")
