@@ -123,6 +123,8 @@ def test_twin_on_containers_passes_as_on_processes(engine):
     assert doc["verdict"] == "pass" and doc["expectation"]["held"] is True
 
 
+@pytest.mark.catalogue  # make test-catalogue: make test runs one drill on containers (the flagship) and this
+# family's drills on processes; the container fault verbs themselves run below on a small stack
 def test_a_contributor_kill_on_mooncake_in_containers_fails_on_liveness_as_on_processes(engine):
     """The store injector on containers: the fullest contributor's container SIGKILLed under policy fail,
     the master's view read back, and the same verdict as on the process stack (D9: HTTP 500s instead of a
@@ -150,6 +152,8 @@ def test_a_contributor_kill_on_mooncake_in_containers_fails_on_liveness_as_on_pr
     assert listed["data"]["name"].startswith("kvd-") and not (Path("/run/netns") / listed["data"]["name"]).exists()
 
 
+@pytest.mark.catalogue  # make test-catalogue: make test runs one drill on containers (the flagship) and this
+# family's drills on processes; the container fault verbs themselves run below on a small stack
 def test_the_kernel_network_backend_shapes_mooncake_links_in_the_pods_namespace(engine):
     """tc/nftables inside the pod's namespace (listed as kvd-<id>), on the contributors' data ports found
     there: the cache path is reported slower than recompute, as on the process stack."""
@@ -173,6 +177,8 @@ def _disk_run_acts_on_the_containers_filesystem(run_dir: Path, log_says: str) ->
     assert log_says in (run_dir / "logs" / "lmcache.log").read_text(errors="replace")
 
 
+@pytest.mark.catalogue  # make test-catalogue: make test runs one drill on containers (the flagship) and this
+# family's drills on processes; the container fault verbs themselves run below on a small stack
 def test_a_full_disk_on_containers_acts_on_the_filesystem_the_lmcache_container_writes(engine):
     """The disk injector on containers: the run's filesystem (fault filesystem over a tmpfs) is bound into
     the LMCache container and filled from the host; the verdict is the process stack's (pass: a failed L2
@@ -182,7 +188,7 @@ def test_a_full_disk_on_containers_acts_on_the_filesystem_the_lmcache_container_
     _disk_run_acts_on_the_containers_filesystem(run_dir, "No space left on device")
 
 
-@pytest.mark.catalogue  # make test-catalogue: the second disk mode on the same bind (make test runs disk-full)
+@pytest.mark.catalogue  # make test-catalogue: both disk modes on one container stack
 def test_disk_faults_on_containers_share_one_stack(engine):
     """Full and read-only as one suite on one container stack, each reaching the process stack's verdict."""
     proc, runs = run_suite([REPO / "scenarios/basics/disk-full.yaml", REPO / "scenarios/basics/disk-readonly.yaml"],
@@ -193,6 +199,8 @@ def test_disk_faults_on_containers_share_one_stack(engine):
     _disk_run_acts_on_the_containers_filesystem(runs["disk-readonly"], "Read-only file system")
 
 
+@pytest.mark.catalogue  # make test-catalogue: make test runs one drill on containers (the flagship) and this
+# family's drills on processes; the container fault verbs themselves run below on a small stack
 def test_a_model_upgrade_under_a_new_path_recreates_the_engine_containers(engine):
     """The model injector on containers: v2 served from a new path means the engine container is created
     again with the new --model; answers equal v2's own salted no-cache answers (pass, as on processes)."""
