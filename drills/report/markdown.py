@@ -118,8 +118,9 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
             land = f["landing"]
             lag = (f", {1000 * (land['t'] - trig['t']):.0f} ms after the trigger saw the store"
                    if land.get("t") and trig.get("t") else "")
+            files = land.get("in_flight_count", land.get("tmp_count", 0))  # inotify's open stores, else a scan
             out.append(f"  - landed inside a store window: **{'yes' if land.get('in_flight') else 'no'}** "
-                       f"({land.get('tmp_count', 0)} L2 .tmp file(s), {land.get('in_flight_task_count', '?')} store(s) "
+                       f"({files} L2 .tmp file(s) open, {land.get('in_flight_task_count', '?')} store(s) "
                        f"in flight right after the signal{lag})")
     for h in doc["heals"]:
         what = "; ".join(h["undone"]) if h["undone"] else "nothing left to undo"

@@ -151,6 +151,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
     async def down(self) -> None:
+        self._close_store_probe()
         try:
             await self.remove_containers()
         finally:

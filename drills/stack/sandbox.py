@@ -236,6 +236,7 @@ class SandboxStack(ProcessStack):
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
 
     async def down(self) -> None:
+        self._close_store_probe()
         try:
             await self.driver.stop_all()
         finally:
@@ -290,7 +291,15 @@ class SandboxStack(ProcessStack):
     # --- what the runner asks of every stack ---------------------------------------------------------
 
     def store_probe(self) -> StoreProbe:
-        return StoreProbe(l2_dir=self.l2_dir, status=self.lmcache_status)
+        """One probe per stack: a trigger and the landing probe after its fault read one inotify stream."""
+        if getattr(self, "_probe", None) is None:
+            self._probe = StoreProbe(l2_dir=self.l2_dir, status=self.lmcache_status)
+        return self._probe
+
+    def _close_store_probe(self) -> None:
+        if getattr(self, "_probe", None) is not None:
+            self._probe.close()
+            self._probe = None
 
     async def cache_metrics_text(self) -> str:
         return await self.metrics_text("lmcache")

@@ -44,7 +44,9 @@ async def test_store_in_flight_sees_a_tmp_file_and_the_controller(tmp_path: Path
     await asyncio.sleep(0.05)
     (tmp_path / "chunk.data.tmp").write_bytes(b"x")
     seen = await asyncio.wait_for(waiting, 2)
-    assert seen["seen_by"] == "l2_tmp_file" and seen["tmp_files"] == ["chunk.data.tmp"]
+    assert seen["seen_by"] == "l2_inotify" and seen["first_store"] == "chunk.data.tmp"
+    assert seen["in_flight_files"] == ["chunk.data.tmp"] and seen["stores_started"] == 1
+    probe.close()
 
     async def status():
         return {"storage_manager": {"store_controller": {"in_flight_task_count": 2, "pending_keys_count": 0}}}
@@ -57,3 +59,38 @@ async def test_store_in_flight_sees_a_tmp_file_and_the_controller(tmp_path: Path
 async def test_a_condition_that_never_holds_times_out_with_advice(tmp_path: Path):
     with pytest.raises(TriggerTimeout, match="chaos_prompts: fresh"):
         await wait_for(Trigger(when="store_in_flight", timeout=0.1), TriggerState(probe=StoreProbe(tmp_path, None)))
+
+
+def _store(directory: Path, name: str) -> None:
+    """What LMCache's fs L2 adapter does per chunk: write <name>.tmp, then rename it over <name>."""
+    tmp = directory / f"{name}.tmp"
+    tmp.write_bytes(b"kv" * 64)
+    tmp.replace(directory / name)
+
+
+async def test_a_store_that_starts_and_ends_between_two_looks_still_fires_the_trigger(tmp_path: Path):
+    """The race the directory scan lost: create and rename within microseconds, while the trigger's task is
+    not even running. The kernel queued both events, so the trigger fires and knows the store is done."""
+    probe = StoreProbe(tmp_path, None)
+    _store(tmp_path, "before")  # a store before arming is not "a store now"
+    waiting = asyncio.create_task(wait_for(Trigger(when="store_in_flight", timeout=5), TriggerState(probe=probe)))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    _store(tmp_path, "chunk")  # no await in between: the trigger cannot look while it happens
+    seen = await asyncio.wait_for(waiting, 2)
+    # the watch opened when the trigger was armed: the earlier store is not counted
+    assert seen["first_store"] == "chunk.tmp" and seen["stores_started"] == 1 and seen["in_flight_count"] == 0
+    probe.close()
+
+
+async def test_the_landing_probe_counts_stores_still_open(tmp_path: Path):
+    probe = StoreProbe(tmp_path, None)
+    assert (await probe.observe())["in_flight"] is False
+    _store(tmp_path, "done")
+    (tmp_path / "open.tmp").write_bytes(b"x")
+    landed = await probe.observe()
+    assert landed["in_flight"] is True and landed["in_flight_files"] == ["open.tmp"]
+    assert (landed["stores_started"], landed["stores_finished"]) == (2, 1)
+    (tmp_path / "open.tmp").unlink()  # a store LMCache gave up on
+    assert (await probe.observe())["in_flight"] is False
+    probe.close()
