@@ -4,8 +4,14 @@ exactly; down refuses connects; the kernel backend refuses a stack without its o
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
 import random
+import shutil
 import socket
+import subprocess
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -13,7 +19,8 @@ import pytest
 from pydantic import ValidationError
 
 from drills.journal import Journal, read_history
-from drills.stack.base import ProcessStack
+from drills.stack.base import TOXIPROXY_TOKEN, ProcessStack
+from drills.stack.sandbox import write_toxiproxy_config
 from drills.toxiproxy import ToxiproxyClient
 from injectors.base import InjectionContext, InjectionError
 from injectors.network import NetworkFault, NetworkParams
@@ -186,3 +193,56 @@ def test_connections_beyond_the_cap_are_closed_and_the_api_still_answers(server)
             s.close()
     with httpx.Client(base_url=server, trust_env=False, timeout=5) as http:
         assert http.get("/version").status_code == 200
+
+
+# the other user's client runs on Debian's Python: kvdrill's interpreter may live under root's home (0700)
+SYSTEM_PYTHON = "/usr/bin/python3"
+ANOTHER_USER = """
+import json, sys, urllib.request, urllib.error
+token_file, url = sys.argv[1], sys.argv[2]
+out = {}
+try:
+    out["token"] = open(token_file).read()
+except OSError as exc:
+    out["token_error"] = type(exc).__name__
+req = urllib.request.Request(url + "/proxies/lmcache/toxics", method="POST",
+                             data=json.dumps({"name": "evil", "type": "latency", "attributes": {"latency": 5000}}).encode(),
+                             headers={"Authorization": "Bearer " + out.get("token", "guess")})
+try:
+    out["status"] = urllib.request.urlopen(req, timeout=5).status
+except urllib.error.HTTPError as exc:
+    out["status"] = exc.code
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path(SYSTEM_PYTHON).exists(),
+                    reason="switching to a second uid needs root, and a Python that uid can run (CI has both)")
+async def test_another_local_user_can_neither_read_the_token_nor_add_a_toxic():
+    """The finding, replayed as a real second user (nobody): the run's token file as a stack writes it (0600)
+    in a directory that user may enter (pytest's own tmp_path is 0700, which would hide the file's mode), the
+    stack's own server on it, and that user's toxic refused."""
+    open_dir = Path(tempfile.mkdtemp(prefix="kvdrill-test-", dir="/tmp"))
+    open_dir.chmod(0o755)
+    stack_dir = open_dir / "stack"
+    write_toxiproxy_config(stack_dir, [])
+    stack_dir.chmod(0o755)
+    token = stack_dir / TOXIPROXY_TOKEN
+    assert token.stat().st_mode & 0o777 == 0o600
+    proc, url, log = start_python_server("--seed", "1", "--token-file", str(token), "--listen-hosts", "127.0.0.1")
+    upstream = Greeter()
+    try:
+        async with ToxiproxyClient(url, token=token.read_text()) as tp:
+            await tp.create_proxy("lmcache", listen="127.0.0.1:0", upstream=upstream.addr)
+            nobody = pwd.getpwnam("nobody")
+            done = subprocess.run([SYSTEM_PYTHON, "-c", ANOTHER_USER, str(token), url], capture_output=True,
+                                  text=True, timeout=30, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                                  env={"PATH": "/usr/bin:/bin"}, cwd="/")
+            seen = json.loads(done.stdout)
+            assert seen == {"token_error": "PermissionError", "status": 401}, done.stderr
+            assert await tp.toxics("lmcache") == []  # nothing of theirs on the proxy
+    finally:
+        upstream.close()
+        stop_server(proc)
+        log.unlink(missing_ok=True)
+        shutil.rmtree(open_dir)
