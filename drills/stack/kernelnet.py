@@ -657,8 +657,9 @@ class KernelNet:
         return {"active": active, "class": cls, "filters": len(flowid_hits), "root": root}
 
     def counters(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Evidence: for nft, packets/bytes the fault rules hit (dropped or rejected) and connections chosen;
-        for tc, bytes/packets through the class, drops and overlimits."""
+        """Evidence: for nft, packets/bytes the fault rules hit (dropped or rejected) and connections chosen
+        or spared (decisions on a connection's first packet: a SYN dropped before conntrack confirmed its entry
+        is decided again on its retransmission); for tc, bytes/packets through the class, drops and overlimits."""
         v = self.verify(record)
         if record["kind"] == "nft":
             fault = [r for r in v["rules"] if not r["comment"].endswith(("chosen", "spared"))]

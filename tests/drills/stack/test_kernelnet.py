@@ -454,7 +454,10 @@ def test_reject_with_toxicity_picks_connections(netns, kn):
     c = kn.counters(rec)
     print(f"toxicity 0.5: {refused}/40 connections refused; counters {c}")
     assert 6 <= refused <= 34
-    assert c["connections_chosen"] == refused and c["connections_chosen"] + c["connections_spared"] == 40
+    # a refused connect is decided once (its SYN is answered with a reset); a spared one can be decided again
+    # when its first SYN was dropped before conntrack confirmed the entry (seen under load: 30 + 11 for 40),
+    # since its retransmission is a new connection to conntrack
+    assert c["connections_chosen"] == refused and 40 <= c["connections_chosen"] + c["connections_spared"] <= 44
 
 
 @needs_root
