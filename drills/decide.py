@@ -11,7 +11,7 @@ from typing import Any
 
 from drills.checkers.base import CheckResult
 from drills.checkers.effect import Effect
-from drills.scenario import Expect
+from drills.scenario import Expect, ExpectedOutcome
 
 # NO_EFFECT exits 0 like PASS: nothing was wrong; an `expect:` tells the two apart (drills/checkers/effect.py)
 EXIT = {"pass": 0, "no_effect": 0, "fail": 1, "error": 2, "aborted": 3}
@@ -39,17 +39,22 @@ def overall(results: list[CheckResult], effect: Effect | None = None) -> tuple[s
     return "pass", "every check passed"
 
 
+def _outcome_problems(outcome: ExpectedOutcome, verdict: str, by_name: dict[str, str]) -> list[str]:
+    problems = []
+    if verdict != outcome.verdict:
+        problems.append(f"verdict {verdict}, expected {outcome.verdict}")
+    problems += [f"{c} did not fail ({by_name.get(c, 'not run')})" for c in outcome.failing_checks if by_name.get(c) != "fail"]
+    problems += [f"{c} did not pass ({by_name.get(c, 'not run')})" for c in outcome.passing_checks if by_name.get(c) != "pass"]
+    problems += [f"{c} did not end in error ({by_name.get(c, 'not run')})" for c in outcome.erroring_checks
+                 if by_name.get(c) != "error"]
+    return problems
+
+
 def expectation(expect: Expect | None, verdict: str, results: list[CheckResult]) -> dict[str, Any] | None:
     if expect is None:
         return None
     by_name = {r.name: r.verdict for r in results}
-    problems = []
-    if verdict != expect.verdict:
-        problems.append(f"verdict {verdict}, expected {expect.verdict}")
-    problems += [f"{c} did not fail ({by_name.get(c, 'not run')})" for c in expect.failing_checks if by_name.get(c) != "fail"]
-    problems += [f"{c} did not pass ({by_name.get(c, 'not run')})" for c in expect.passing_checks if by_name.get(c) != "pass"]
-    problems += [f"{c} did not end in error ({by_name.get(c, 'not run')})" for c in expect.erroring_checks
-                 if by_name.get(c) != "error"]
+    problems = _outcome_problems(expect, verdict, by_name)
     out: dict[str, Any] = {"verdict": expect.verdict, "failing_checks": expect.failing_checks,
                            "passing_checks": expect.passing_checks}
     if expect.erroring_checks:
@@ -63,6 +68,17 @@ def expectation(expect: Expect | None, verdict: str, results: list[CheckResult])
         if named is None:
             problems.append(f"no failing check names the cause (/{expect.cause}/ in none of "
                             f"{', '.join(expect.failing_checks + expect.erroring_checks)}'s summary or evidence)")
+    if expect.alternatives:
+        out["alternatives"] = [a.model_dump(mode="json") for a in expect.alternatives]
+        out["held_by"] = "expected" if not problems else None
+        if problems:
+            held = next((i for i, a in enumerate(expect.alternatives) if not _outcome_problems(a, verdict, by_name)), None)
+            if held is not None:
+                # a measured alternative outcome: what it was is the report's to show, not a problem
+                out["held_by"] = f"alternatives[{held}]"
+                problems = []
+            else:
+                problems.append(f"and none of the {len(expect.alternatives)} alternative outcome(s) held")
     return {**out, "held": not problems, "problems": problems}
 
 

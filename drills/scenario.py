@@ -325,8 +325,8 @@ class ChecksSpec(_Strict):
     slo: SloCheck = SloCheck()
 
 
-class Expect(_Strict):
-    """A drill that states its own outcome is a self-test of kvdrill's checkers."""
+class ExpectedOutcome(_Strict):
+    """One outcome a drill may end with: its verdict and the checks that must fail, pass or end in error."""
 
     verdict: Verdict
     failing_checks: list[CheckName] = Field(default_factory=list)
@@ -334,19 +334,33 @@ class Expect(_Strict):
     erroring_checks: list[CheckName] = Field(
         default_factory=list, description="checks that must end ERROR: a premise of the drill the stack broke "
                                           "(the oracle check when a fresh cache_salt was served from cache)")
-    defect: DefectId | None = Field(None, description="the defect of shared/incidents.md (D1-D12) this drill is the "
-                                                      "negative control (it must surface it) or positive twin of")
-    cause: str | None = Field(None, description="regular expression (case-insensitive) that the summary or evidence "
-                                                "of a failing check must match: the check names the cause")
 
     @model_validator(mode="after")
-    def _consistent(self) -> Expect:
+    def _disjoint(self) -> ExpectedOutcome:
         for (a, b), (x, y) in zip(((self.failing_checks, self.passing_checks), (self.failing_checks, self.erroring_checks),
                                    (self.passing_checks, self.erroring_checks)),
                                   (("fail", "pass"), ("fail", "end in error"), ("pass", "end in error"))):
             both = set(a) & set(b)
             if both:
                 raise ValueError(f"a check cannot be expected to both {x} and {y}: {sorted(both)}")
+        return self
+
+
+class Expect(ExpectedOutcome):
+    """A drill that states its own outcome is a self-test of kvdrill's checkers."""
+
+    defect: DefectId | None = Field(None, description="the defect of shared/incidents.md (D1-D12) this drill is the "
+                                                      "negative control (it must surface it) or positive twin of")
+    cause: str | None = Field(None, description="regular expression (case-insensitive) that the summary or evidence "
+                                                "of a failing check must match: the check names the cause")
+    alternatives: list[ExpectedOutcome] = Field(
+        default_factory=list, max_length=4,
+        description="other outcomes measured for a drill whose result depends on timing it cannot steer (where a "
+                    "reset lands): the expectation holds when the outcome above or one of these does, and the report "
+                    "says which. Each must have been seen; a control (defect) takes none")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Expect:
         if self.cause is not None:
             try:
                 re.compile(self.cause)
@@ -355,6 +369,9 @@ class Expect(_Strict):
             if not (self.failing_checks or self.erroring_checks):
                 raise ValueError("cause needs failing_checks (or erroring_checks): it is matched against what those "
                                  "checks report")
+        if self.alternatives and self.defect is not None:
+            raise ValueError("a control or twin of a defect states one outcome: alternatives are for incident replays "
+                             "whose outcome varies")
         return self
 
 

@@ -85,6 +85,10 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
     if exp:
         out.append(f"- expectation: verdict `{exp['verdict']}`, failing {exp['failing_checks'] or '[]'}, "
                    f"passing {exp['passing_checks'] or '[]'} → {'held' if exp['held'] else 'NOT held: ' + '; '.join(exp['problems'])}")
+        for i, alt in enumerate(exp.get("alternatives") or []):
+            mark = " ← this one held" if exp.get("held_by") == f"alternatives[{i}]" else ""
+            out.append(f"  - or (a measured alternative outcome) verdict `{alt['verdict']}`, failing "
+                       f"{alt['failing_checks'] or '[]'}, passing {alt['passing_checks'] or '[]'}{mark}")
     out += oracle_line(history)
     out += stopped_section(doc)
     out += effect_section(doc)

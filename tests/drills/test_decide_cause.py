@@ -43,3 +43,22 @@ def test_bad_expectations_are_refused():
         Expect(verdict="fail", cause="x")
     with pytest.raises(ValidationError):
         Expect(verdict="fail", defect="D14")
+
+
+def test_a_measured_alternative_outcome_holds_and_says_so_and_anything_else_does_not():
+    """An incident replay whose outcome depends on where a reset lands (lmcache-1938): leaks, or a clean PASS."""
+    expect = Expect(verdict="fail", failing_checks=["leaks"], alternatives=[{"verdict": "pass"}])
+    assert decide(expect, "fail", "x", [LEAK]).expectation["held_by"] == "expected"
+    clean = decide(expect, "pass", "every check passed", [CheckResult("leaks", "pass", "none")])
+    assert clean.exit_code == 0 and clean.expectation["held_by"] == "alternatives[0]" and clean.expectation["problems"] == []
+    other = decide(expect, "fail", "x", [LIVE, CheckResult("leaks", "pass", "none")])  # a failure that is neither
+    assert other.exit_code == 1 and other.expectation["held"] is False and other.expectation["held_by"] is None
+    assert other.expectation["problems"][-1] == "and none of the 1 alternative outcome(s) held"
+    assert decide(expect, "error", "stack died", []).exit_code == 2
+
+
+def test_a_control_states_one_outcome():
+    with pytest.raises(ValidationError, match="alternatives are for incident replays"):
+        Expect(verdict="fail", failing_checks=["leaks"], defect="D4", alternatives=[{"verdict": "pass"}])
+    with pytest.raises(ValidationError, match="cannot be expected to both fail and pass"):
+        Expect(verdict="fail", alternatives=[{"verdict": "fail", "failing_checks": ["leaks"], "passing_checks": ["leaks"]}])
