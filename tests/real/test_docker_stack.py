@@ -169,7 +169,10 @@ def test_the_kernel_network_backend_shapes_mooncake_links_in_the_pods_namespace(
 
 
 def _disk_run_acts_on_the_containers_filesystem(run_dir: Path, log_says: str) -> None:
-    [prepared] = _events(run_dir, "stack.prepared")
+    # a run on a reused stack journals stack.reused; the stack was prepared by the run that started it
+    reused = _events(run_dir, "stack.reused")
+    started_by = run_dir.parent / reused[0]["data"]["from_runs"][0] if reused else run_dir
+    [prepared] = _events(started_by, "stack.prepared")
     assert prepared["data"]["ref"] == "sandbox-docker" and prepared["data"]["l2_source"].endswith("/stack/l2")
     [verified] = _events(run_dir, "fault.verified")
     assert verified["data"]["effective"] is True, verified["data"]["summary"]
