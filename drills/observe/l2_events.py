@@ -31,7 +31,7 @@ class L2StoreEvents:
         self.l2_dir = l2_dir
         self._inotify = INotify(nonblocking=True)
         self._inotify.add_watch(os.fspath(l2_dir), WATCHED)
-        self.open: dict[str, float] = {}  # .tmp name -> when its create was read
+        self.open: set[str] = set()  # .tmp files created and not yet renamed or removed
         self.started = 0
         self.finished = 0
         self.overflowed = False  # the kernel dropped events: counts are then a lower bound
@@ -47,7 +47,6 @@ class L2StoreEvents:
             events = self._inotify.read(timeout=0)
         except (BlockingIOError, OSError):
             return 0
-        now = time.time()
         for ev in events:
             if ev.mask & flags.Q_OVERFLOW:
                 self.overflowed = True
@@ -58,12 +57,13 @@ class L2StoreEvents:
             if not ev.name.endswith(".tmp"):
                 continue
             if ev.mask & (flags.CREATE | flags.MOVED_TO):
-                self.open[ev.name] = now
+                self.open.add(ev.name)
                 self.started += 1
                 new += 1
                 self.last_started = ev.name
             elif ev.mask & (flags.MOVED_FROM | flags.DELETE):
-                if self.open.pop(ev.name, None) is not None:
+                if ev.name in self.open:
+                    self.open.discard(ev.name)
                     self.finished += 1
         return new
 
@@ -92,7 +92,8 @@ class L2StoreEvents:
                 try:
                     await asyncio.wait_for(ready.wait(), left)
                 except TimeoutError:
-                    return self.drain() > 0 or self.started > mark
+                    self.drain()
+                    return self.started > mark
         finally:
             loop.remove_reader(fd)
 

@@ -146,6 +146,7 @@ class SandboxStack(ProcessStack):
         self.l2_dir = self.run_dir / "stack" / "l2"
         self.l2_fs: RunFilesystem | FaultFs | None = None  # a run-owned filesystem under the L2 (disk faults)
         self._hash_memo: dict[tuple[int, ...], list[str]] = {}  # prompt token ids -> LMCache chunk hashes
+        self._probe: StoreProbe | None = None  # made on first use; its inotify watch is closed at down
         self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline", "toxiproxy",
                                                "lmcache_proxy")}
 
@@ -292,12 +293,12 @@ class SandboxStack(ProcessStack):
 
     def store_probe(self) -> StoreProbe:
         """One probe per stack: a trigger and the landing probe after its fault read one inotify stream."""
-        if getattr(self, "_probe", None) is None:
+        if self._probe is None:
             self._probe = StoreProbe(l2_dir=self.l2_dir, status=self.lmcache_status)
         return self._probe
 
     def _close_store_probe(self) -> None:
-        if getattr(self, "_probe", None) is not None:
+        if self._probe is not None:
             self._probe.close()
             self._probe = None
 
