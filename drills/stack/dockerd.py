@@ -8,7 +8,13 @@ when it exits (§1.10): iptables chains and jump rules, FORWARD policy DROP, ``i
 ``docker0`` bridge, nsfs mounts under its exec root. :class:`HostNetState` snapshots the host before
 the start; :meth:`OwnedEngine.stop` removes only what is new since then *and* is Docker's (a rule or
 chain that names DOCKER, a ``docker0``/``br-`` link), so a fault rule another component added in the
-meantime stays. No library does this cleanup (the SDK and compose leave it to the daemon, which does
+meantime stays.
+
+The snapshot is the host's, not one engine's: iptables chains and ``docker0`` are host-wide, and only
+one engine runs at a time (a start refuses while any dockerd runs). It lives at :data:`HOST_SNAPSHOT`
+until a stop has restored it, so an engine whose session died (SIGKILL, a CI timeout) is cleaned up by
+the next start of *any* state directory: that start adopts the dead engine's snapshot, which describes
+the host before it, instead of recording its leftover chains as the host's own. No library does this cleanup (the SDK and compose leave it to the daemon, which does
 not), hence the hand-written diff.
 """
 
@@ -35,6 +41,9 @@ LABEL = "kvdrill"  # every container, network and image kvdrill creates carries 
 START_DEADLINE_S = 30.0
 STOP_GRACE_S = 20.0
 TABLES = ("filter", "nat")
+# under /run: root's, and gone with the boot it describes (the boot id inside covers hosts where it is not)
+HOST_SNAPSHOT = Path("/run/kvdrill/docker-host-before.json")
+LEGACY_SNAPSHOT = "host-before.json"  # where kvdrill kept it, per state directory, before it was the host's
 
 
 class DockerEngineError(RuntimeError):
@@ -152,6 +161,18 @@ def restore_host(before: HostNetState) -> dict[str, Any]:
     return removed
 
 
+def stored_snapshot(*legacy_dirs: Path) -> HostNetState | None:
+    """The host as it was before the last kvdrill engine that has not been stopped cleanly, if that was in
+    this boot (:data:`HOST_SNAPSHOT`, else one an older kvdrill left in a state directory)."""
+    for path in (HOST_SNAPSHOT, *(d / LEGACY_SNAPSHOT for d in legacy_dirs)):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            if path.is_file() and not path.is_symlink():
+                found = HostNetState.from_json(path.read_text())
+                if found is not None:
+                    return found
+    return None
+
+
 def default_engine_running() -> bool:
     """Whether someone else's engine answers on the default socket (kvdrill leaves it alone)."""
     sock = Path("/var/run/docker.sock")
@@ -165,8 +186,9 @@ def default_engine_running() -> bool:
 
 
 class OwnedEngine:
-    """``dockerd`` with its data root under ``state_dir/root`` (images; keep it to cache them), the pidfile,
-    the host snapshot and the daemon's log beside it, and its socket and exec root under ``/run``."""
+    """``dockerd`` with its data root under ``state_dir/root`` (images; keep it to cache them), the pidfile
+    and the daemon's log beside it, and its socket and exec root under ``/run`` (the host snapshot too:
+    :data:`HOST_SNAPSHOT`)."""
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir.resolve()
@@ -177,8 +199,6 @@ class OwnedEngine:
         self.socket = self.run_dir / "docker.sock"
         self.exec_root = self.run_dir / "exec"
         self.pidfile = self.state_dir / "dockerd.pid"
-        # the host before the start, on disk so `kvdrill docker down` can restore it after a crash
-        self.snapshot = self.state_dir / "host-before.json"
         self.popen: subprocess.Popen | None = None
         self.before: HostNetState | None = None
         self.client: docker.DockerClient | None = None
@@ -217,10 +237,15 @@ class OwnedEngine:
                                     "does not share the host's bridge and iptables chains with an engine it did "
                                     "not start: stop that engine, or drill it by naming it in the scenario")
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # a dead engine of this state directory left its mounts (no dockerd runs, checked above): a new
+        # daemon would stack its own on top of them
+        unmount_under(self.exec_root)
+        unmount_under(self.state_dir / "root")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        stored = HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else None
-        self.before = stored or HostNetState.now()
-        self.snapshot.write_text(self.before.to_json())  # an older one stays: it is the host before *any* engine
+        # an older snapshot stays: it is the host before *any* engine, the dead one's leftovers included
+        self.before = stored_snapshot(self.state_dir) or HostNetState.now()
+        HOST_SNAPSHOT.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        HOST_SNAPSHOT.write_text(self.before.to_json())  # on disk so `kvdrill docker down` restores after a crash
         log_file = (self.state_dir / "dockerd.log").open("ab")
         self.popen = subprocess.Popen(
             ["dockerd", "--data-root", str(self.state_dir / "root"), "--exec-root", str(self.exec_root),
@@ -291,11 +316,16 @@ class OwnedEngine:
         # nsfs mounts under the exec root, and the bind mount dockerd makes of its own data root
         report["unmounted"] = unmount_under(self.exec_root) + unmount_under(self.state_dir / "root")
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        before = self.before or (HostNetState.from_json(self.snapshot.read_text()) if self.snapshot.exists() else None)
+        before = self.before or stored_snapshot(self.state_dir)
         report["snapshot"] = "used" if before is not None else "none (or from before the last boot): host left as is"
-        if before is not None:
+        if before is not None and (running := other_dockerds()):
+            # the snapshot is the host's: with another engine up, its chains are in use (that engine's own
+            # stop restores the host)
+            report["snapshot"] = f"kept: dockerd {running} still runs, host left as is"
+        elif before is not None:
             report["host"] = restore_host(before)
-            self.snapshot.unlink(missing_ok=True)
+            HOST_SNAPSHOT.unlink(missing_ok=True)
+            (self.state_dir / LEGACY_SNAPSHOT).unlink(missing_ok=True)
         return report
 
 

@@ -24,7 +24,7 @@ from drills.journal import Journal
 from drills.scenario import StackSpec
 from drills.stack.compose_project import engine_state_dir
 from drills.stack.docker_sandbox import DockerSandboxStack
-from drills.stack.dockerd import LABEL, HostNetState, OwnedEngine, default_engine_running
+from drills.stack.dockerd import LABEL, HostNetState, OwnedEngine, default_engine_running, stored_snapshot
 from drills.stack.process import StackError
 from injectors.base import InjectionContext
 from injectors.process import ProcessFault, ProcessParams, undo
@@ -53,7 +53,7 @@ def engine():
     started = owned.running_pid() is None
     if started:
         assert not default_engine_running(), "a Docker engine kvdrill did not start answers on /var/run/docker.sock"
-        before = HostNetState.now()
+        before = stored_snapshot(owned.state_dir) or HostNetState.now()  # a dead engine's leftovers go too
         client = owned.start()
     else:
         client = owned.connect()
