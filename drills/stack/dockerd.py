@@ -35,6 +35,8 @@ from typing import Any
 import docker
 import structlog
 
+from drills.pins import cache_home
+
 log = structlog.get_logger(__name__)
 
 LABEL = "kvdrill"  # every container, network and image kvdrill creates carries it (cleanup finds leftovers)
@@ -163,8 +165,9 @@ def restore_host(before: HostNetState) -> dict[str, Any]:
 
 def stored_snapshot(*legacy_dirs: Path) -> HostNetState | None:
     """The host as it was before the last kvdrill engine that has not been stopped cleanly, if that was in
-    this boot (:data:`HOST_SNAPSHOT`, else one an older kvdrill left in a state directory)."""
-    for path in (HOST_SNAPSHOT, *(d / LEGACY_SNAPSHOT for d in legacy_dirs)):
+    this boot (:data:`HOST_SNAPSHOT`, else one an older kvdrill left in the default state directory or in
+    one of ``legacy_dirs``)."""
+    for path in (HOST_SNAPSHOT, *(d / LEGACY_SNAPSHOT for d in (cache_home() / "docker", *legacy_dirs))):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             if path.is_file() and not path.is_symlink():
                 found = HostNetState.from_json(path.read_text())
@@ -324,8 +327,8 @@ class OwnedEngine:
             report["snapshot"] = f"kept: dockerd {running} still runs, host left as is"
         elif before is not None:
             report["host"] = restore_host(before)
-            HOST_SNAPSHOT.unlink(missing_ok=True)
-            (self.state_dir / LEGACY_SNAPSHOT).unlink(missing_ok=True)
+            for path in (HOST_SNAPSHOT, self.state_dir / LEGACY_SNAPSHOT, cache_home() / "docker" / LEGACY_SNAPSHOT):
+                path.unlink(missing_ok=True)
         return report
 
 
