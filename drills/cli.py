@@ -121,6 +121,53 @@ def schema() -> None:
 
 
 @app.command()
+def stacks(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
+    """The stack kinds installed, the fault families each can carry, and for each it cannot, the capability
+    it lacks and why (`kvdrill run --dry-run` refuses such a fault before anything starts)."""
+    from rich.table import Table
+
+    from drills.scenario import StackSpec
+    from drills.stack.api import Capability, stack_kind, stack_refs
+    from injectors.base import registry
+
+    # a capability can hang on an option (disk faults need the run-owned L2 filesystem): ask with it too
+    with_fs = {"lmcache": {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}}
+    kinds = {ref: (stack_kind(ref).capabilities(StackSpec(ref=ref)),
+                   stack_kind(ref).capabilities(StackSpec(ref=ref, **with_fs))) for ref in stack_refs()}
+    # what a family needs hangs on its parameters only for the network backend: both are listed
+    needs = {"network (toxiproxy)": (Capability.PROXIED_LINKS,), "network (kernel)": (Capability.NAMESPACE_LINKS,)}
+    needs |= {name: cls.needs for name, cls in registry().items() if name != "network"}
+
+    def cell(plain: dict, fs: dict, caps: tuple) -> str:
+        if all(plain[c] is None for c in caps):
+            return "yes"
+        if all(fs[c] is None for c in caps):
+            return "with stack.lmcache.l2_fs"
+        return "no: " + ", ".join(str(c) for c in caps if fs[c] is not None)
+
+    if as_json:
+        out.print_json(data={ref: {"capabilities": {str(c): why for c, why in plain.items()},
+                                   "faults": {f: cell(plain, fs, cs) for f, cs in sorted(needs.items())}}
+                             for ref, (plain, fs) in kinds.items()})
+        return
+    table = Table(title="fault families each stack kind can carry")
+    table.add_column("family")
+    for ref in kinds:
+        table.add_column(ref)
+    for family, caps in sorted(needs.items()):
+        table.add_row(family, *(cell(plain, fs, caps) for plain, fs in kinds.values()))
+    out.print(table)
+    out.print("[bold]what the capabilities are[/]")
+    for cap in Capability:
+        out.print(f"  {cap}: {cap.means}")
+    out.print("[bold]why a stack kind lacks one[/]")
+    for ref, (plain, _) in kinds.items():
+        for cap, why in plain.items():
+            if why is not None:
+                out.print(f"  {ref} cannot `{cap}`: {why}")
+
+
+@app.command()
 def setup() -> None:
     """Install the pinned stack venv and convert the bundled model (idempotent, cached)."""
     from drills.provision import SetupError

@@ -27,20 +27,12 @@ from drills.inputs import MAX_STACK_FILE_BYTES, read_text_limited
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario, default_oracle
-from drills.stack import docker_mooncake, docker_sandbox, mooncake, sandbox
+from drills.stack import mooncake
+from drills.stack.api import StackKind, capability_gaps, stack_kind
 from injectors.store import FULLEST
 
 RUN_ID = "<run-id>"  # chosen at run time (timestamp + random suffix: a name, never a choice the drill acts on)
 NETNS_HOST = "kvd-netns"  # stands for the address of the namespace the run creates (chosen at up)
-# the proxies each stack's Toxiproxy serves (SandboxStack.proxies / MooncakeStack.proxies; a unit test
-# keeps these in step) and the links the kernel backend can shape (NetworkParams.link)
-PROXIES = {"sandbox": ["lmcache"], "sandbox-mooncake": ["mooncake-master"], "sandbox-docker": ["lmcache"],
-           "sandbox-docker-mooncake": ["mooncake-master"]}
-KERNEL_LINKS = {"sandbox": [], "sandbox-mooncake": ["mooncake-master", "store-a", "store-b"], "sandbox-docker": [],
-                "sandbox-docker-mooncake": ["mooncake-master", "store-a", "store-b"]}
-COMPOSE = {"sandbox": sandbox.COMPOSE_FILE, "sandbox-mooncake": mooncake.COMPOSE_FILE,
-           "sandbox-docker": docker_sandbox.COMPOSE_FILE, "sandbox-docker-mooncake": docker_mooncake.COMPOSE_FILE}
-MOONCAKE = ("sandbox-mooncake", "sandbox-docker-mooncake")
 PHASES = ["preflight", "up", "oracle", "warm", "steady", "chaos", "heal", "recovery", "drain", "checks", "report",
           "down"]
 # random choices no scenario seed reaches, said plainly
@@ -61,8 +53,13 @@ class StackView:
     services: dict[str, dict[str, Any]]
     l2_dir: Path | None
     l2_fs: dict[str, Any] | None
-    netns: bool
+    netns: bool  # the run creates a namespace its services live in
     model_dir: Path
+    owned_dirs: list[Path] = field(default_factory=list)  # what the stack creates outside the run directory
+
+    @property
+    def kind(self) -> type[StackKind]:
+        return stack_kind(self.ref)
 
     def toxiproxy_url(self) -> str:
         if self.netns:
@@ -70,9 +67,7 @@ class StackView:
         return "http://127.0.0.1:<free port>"
 
     def owned(self) -> Owned:
-        # a container stack's L2 is its project's volume (unless the run mounts its own), created by the run
-        volume = [self.l2_dir.parent] if self.ref == "sandbox-docker" and self.l2_fs is None else []
-        return Owned(dirs=[self.run_dir, self.model_dir.parent, *volume],
+        return Owned(dirs=[self.run_dir, self.model_dir.parent, *self.owned_dirs],
                      symbolic_hosts={NETNS_HOST} if self.netns else set())
 
 
@@ -89,17 +84,16 @@ class FaultPlan:
 
 def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     ref = sc.stack.ref
-    doc = YAML(typ="safe", pure=True).load(read_text_limited(COMPOSE[ref], MAX_STACK_FILE_BYTES, "stack file"))
+    doc = YAML(typ="safe", pure=True).load(read_text_limited(stack_kind(ref).topology_file, MAX_STACK_FILE_BYTES, "stack file"))
     # local stacks name a program (argv); the container stack a compose command run in its image
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
                 for name, raw in doc["services"].items() if name != "baseline" or sc.stack.baseline is not False}
     run_dir = reports_dir / RUN_ID
-    fs = sc.stack.lmcache.l2_fs if ref in ("sandbox", "sandbox-docker") else None
-    l2 = {"sandbox": run_dir / "stack" / "l2",
-          "sandbox-docker": run_dir / "stack" / "l2" if fs is not None else docker_sandbox.l2_volume_dir("<project>")
-          }.get(ref)
-    return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2,
-                     l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=ref == "sandbox-mooncake",
+    kind = stack_kind(ref)
+    l2, volume = kind.planned_l2(sc.stack, run_dir)
+    fs = sc.stack.lmcache.l2_fs if l2 is not None else None
+    return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2, owned_dirs=[volume] if volume else [],
+                     l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=kind.creates_netns,
                      model_dir=model_dir(load_pins()))
 
 
@@ -140,11 +134,9 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
         "refusals": [r.as_dict() for r in refusals],
         "problems": problems,
         "stack": {"ref": view.ref, "run_dir": str(view.run_dir), "services": view.services, "urls": urls,
-                  "proxies": PROXIES[view.ref], "kernel_links": KERNEL_LINKS[view.ref],
+                  "proxies": list(view.kind.proxy_names), "kernel_links": list(view.kind.kernel_links),
                   "l2_dir": str(view.l2_dir) if view.l2_dir else None, "l2_fs": view.l2_fs,
-                  "netns": "kvd-<8 hex> (created by the run, deleted at down)" if view.netns else
-                  "the pod container's, listed as kvd-<8 hex> (the name removed at down)"
-                  if view.ref == "sandbox-docker-mooncake" else None,
+                  "netns": view.kind.netns_plan,
                   "reuse": sc.stack.reuse},
         "phases": [p for p in PHASES if p != "recovery" or sc.recovery.enabled],
         "workload": {**wl.model_dump(mode="json"), "prompt_seed": seeds.WORKLOAD.format(seed=sc.seed),
@@ -184,6 +176,10 @@ def _plan_fault(i: int, spec: FaultSpec, params: BaseModel, sc: Scenario, view: 
     fp.seeded["rng_seed"] = seeds.fault_rng_seed(sc.seed, fid)
     # triggers have no random part: at / after_requests / when fire on their condition, without jitter
     fp.seeded["trigger_jitter"] = "none (kvdrill adds no random jitter to triggers)"
+    gaps = capability_gaps(sc.stack, spec.injector, params)
+    if gaps:  # the run refuses it in preflight, before anything starts: no targets to show
+        fp.problems += gaps
+        return fp
     inner = params.root if isinstance(params, RootModel) else params
     planner = _PLANNERS.get(spec.injector)
     if planner is None:
@@ -202,10 +198,6 @@ def _process(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 
 
 def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
-    if view.ref not in MOONCAKE:
-        fp.problems.append("store faults need the Mooncake store: stack.ref: sandbox-mooncake or "
-                           "sandbox-docker-mooncake")
-        return
     # the rule resolves only on the live stack: plan as for the first contributor, then say which it may be
     rule = p.service == FULLEST
     _process(fp, p.model_copy(update={"service": mooncake.CONTRIBUTORS[0]}) if rule else p, sc, view)
@@ -222,9 +214,9 @@ def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     names = [t.name or f"kvdrill-{fp.id}-{n}" for n, t in enumerate(p.toxics)]
     partial = [t for t in p.toxics if t.toxicity < 1]
     if p.backend == "toxiproxy":
-        if p.proxy not in PROXIES[view.ref]:
+        if p.proxy not in view.kind.proxy_names:
             fp.problems.append(f"no proxy {p.proxy!r} on the {view.ref} stack's Toxiproxy; it has: "
-                               f"{', '.join(PROXIES[view.ref])}")
+                               f"{', '.join(view.kind.proxy_names)}")
             return
         fp.targets.append({"backend": "toxiproxy", "url": view.toxiproxy_url(), "proxy": p.proxy,
                            "toxics": names, "down": p.down})
@@ -233,9 +225,9 @@ def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
                                                 f"Random({seeds.toxiproxy_seed(sc.seed)}) (seeds.toxiproxy); on a "
                                                 "stack reused in a suite, from the seed of the drill that started it")
         return
-    if p.link not in KERNEL_LINKS[view.ref]:
-        fp.problems.append(f"the kernel backend acts only in a namespace the run creates: link {p.link!r} needs "
-                           "stack.ref: sandbox-mooncake or sandbox-docker-mooncake")
+    if p.link not in view.kind.kernel_links:
+        fp.problems.append(f"no link {p.link!r} in the {view.ref} stack's namespace; it has: "
+                           f"{', '.join(view.kind.kernel_links)}")
         return
     fp.targets.append({"backend": "kernel", "netns": "<the run's kvd-* namespace>", "link": p.link,
                        "ports": "<the link's ports, read from the namespace at plan time>", "toxics": names,
@@ -255,10 +247,7 @@ def _disk(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.disk import Errno, Inodes, Shrink, errno_rule_draws
 
     fs = view.l2_fs
-    if view.l2_dir is None or fs is None:
-        fp.problems.append("disk faults act only on a filesystem the run mounts: set stack.lmcache.l2_fs "
-                           "(stack.ref: sandbox or sandbox-docker)")
-        return
+    assert view.l2_dir is not None and fs is not None  # Capability.RUN_FILESYSTEM, checked before the planners
     stack_dir = view.run_dir / "stack"
     mountpoint = stack_dir / "l2fs" if fs["faultfs"] else view.l2_dir
     target = {"mode": p.mode, "l2_dir": str(view.l2_dir), "mountpoint": str(mountpoint), "kind": fs["kind"],
@@ -282,9 +271,7 @@ def _disk(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.kv_corrupt import Bitflip, Stale, Swap
 
-    if view.l2_dir is None:
-        fp.problems.append("kv_corrupt acts on LMCache's fs L2 chunk files: stack.ref: sandbox")
-        return
+    assert view.l2_dir is not None  # Capability.CHUNK_FILES, checked before the planners
     n = sc.workload.prompts
     ids = list(range(n)) if p.prompts == "all" else list(p.prompts)
     bad = [x for x in ids if x >= n]
@@ -316,9 +303,6 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 def _model(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.model import UPGRADED, derived_weights_path
 
-    if view.ref not in ("sandbox", "sandbox-docker"):
-        fp.problems.append("model faults swap weights on the sandbox stack: stack.ref: sandbox or sandbox-docker")
-        return
     services = [s for s in UPGRADED if s != "baseline" or sc.stack.baseline]  # the baseline where one runs
     fp.targets.append({"services": services, "served_path": p.served_path,
                        "v1": {"path": str(view.model_dir / "model.safetensors")},

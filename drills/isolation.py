@@ -220,19 +220,8 @@ def policy_for(scenario: Scenario, allow_targets: Iterable[str] = (), stack: Any
 
 
 def owned_by_stack(stack: Any) -> Owned:
-    """What a live stack created: its directory, kvdrill's model cache, its namespace, its process groups."""
-    dirs = [Path(stack.run_dir)]
-    if getattr(stack, "model_dir", None) is not None:
-        dirs.append(Path(stack.model_dir).parent)  # kvdrill's own model cache (the model injector's v1/v2)
-    dirs += [Path(d) for d in getattr(stack, "owned_dirs", [])]  # e.g. a container stack's L2 volume
-    addrs: set[str] = set()
-    netns = getattr(stack, "netns", None)
-    # a namespace kvdrill made reaches the host over its veth pair; the container pod's (listed by name only)
-    # is reached through ports published on 127.0.0.1
-    if getattr(netns, "ns_addr", None) is not None and getattr(stack, "netns_created", False):
-        addrs |= {str(netns.ns_addr), str(netns.host_addr)}
-    pgids = {svc.pid for svc in stack.driver.services.values()}
-    return Owned(dirs=dirs, netns_addrs=addrs, pgids=pgids)
+    """What a live stack created (its own :meth:`owned`): the policy's notion of "the run's own"."""
+    return stack.owned()
 
 
 # System directories: neither they nor anything under them is ever a test target (a fault there reaches the

@@ -45,11 +45,10 @@ from drills.report import write_reports
 from drills.report.manifest import versions_manifest
 from drills.scenario import Action, LoadedScenario, ManualStep, StackSpec, default_oracle
 from drills.sse_http import SsePool
-from drills.stack.base import ProcessStack
-from drills.stack.mooncake import MooncakeOptions, MooncakeStack
+from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
-from drills.stack.sandbox import SERVED_MODEL, SandboxStack
+from drills.stack.sandbox import SERVED_MODEL
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
 from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave
 from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry
@@ -86,31 +85,9 @@ class Outcome:
     exit_code: int = 0
 
 
-def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
-    stack = _stack_of(spec, run_dir, journal, http)
-    stack.with_baseline = spec.baseline is not False
-    return stack
-
-
-def _stack_of(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient):
-    if spec.ref in ("sandbox-mooncake", "sandbox-docker-mooncake"):
-        opts = MooncakeOptions(load_failure_policy=spec.mooncake.load_failure_policy,
-                               prefix_caching=bool(spec.engine.prefix_caching), chunk_size=spec.lmcache.chunk_size,
-                               segment_size=spec.mooncake.segment_size, client_ttl=spec.mooncake.client_ttl,
-                               kv_cache_space_gb=spec.engine.kv_cache_space_gb, max_model_len=spec.engine.max_model_len,
-                               startup_deadline=spec.engine.startup_deadline,
-                               shutdown_timeout=spec.engine.shutdown_timeout,
-                               transfer_timeout=spec.mooncake.transfer_timeout, cpu_shim=spec.mooncake.cpu_shim)
-        if spec.ref == "sandbox-docker-mooncake":
-            from drills.stack.docker_mooncake import DockerMooncakeStack  # the docker SDK only where containers run
-
-            return DockerMooncakeStack(opts, run_dir, journal, http)
-        return MooncakeStack(opts, run_dir, journal, http)
-    if spec.ref == "sandbox-docker":
-        from drills.stack.docker_sandbox import DockerSandboxStack
-
-        return DockerSandboxStack(spec, run_dir, journal, http)
-    return SandboxStack(spec, run_dir, journal, http)
+def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> Stack:
+    """The stack kind ``spec.ref`` names, from the ``kvdrill.stacks`` registry (drills/stack/api.py)."""
+    return stack_kind(spec.ref).from_spec(spec, run_dir, journal, http)
 
 
 def new_run_id(name: str) -> str:
@@ -131,7 +108,7 @@ class Runner:
         self.journal = Journal(self.run_dir)
         self.log = _configure_logging(self.run_dir)
         self.injectors: list[Injector] = []
-        self.stack: ProcessStack | None = None
+        self.stack: Stack | None = None
         self.pool = pool  # a suite's: the stack may come from the previous drill and outlive this one
         self.reused_from: list[str] = []
         self.reusable = False  # set once the drill completed, healed and drained
@@ -233,6 +210,11 @@ class Runner:
             declared = policy_for(sc, self.allow_targets).check_declared()
             if declared:
                 raise IsolationError(declared)
+            # a fault the stack cannot carry is refused before anything starts, with why
+            unable = capability_problems(sc.stack, [(i, f, p) for i, (f, p) in
+                                                    enumerate(zip(sc.chaos.faults, self.loaded.fault_params))])
+            if unable:
+                raise DrillError("; ".join(unable))
             self.stack = await self._acquire_stack(http)
             if not self.reused_from:
                 available = shm.meminfo("MemAvailable")
@@ -252,7 +234,7 @@ class Runner:
         else:
             with self._phase("up", f"starting {self.stack.starts_now}"):
                 await self.stack.up()
-            image = getattr(self.stack, "image", None)  # a container stack: the image every service ran
+            image = self.stack.image  # a container stack: the image every service ran
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"),
                                 **({"image": image} if image else {}))
 
@@ -662,7 +644,7 @@ class Runner:
         await asyncio.shield(self.stack.down())
         self._observe_shm()
 
-    async def _acquire_stack(self, http: httpx.AsyncClient) -> ProcessStack:
+    async def _acquire_stack(self, http: httpx.AsyncClient) -> Stack:
         """This run's own stack, or in a suite the one the previous drill left if the pool allows it."""
         sc = self.scenario
         if self.pool is None:

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
+from drills.stack.api import Capability
+
 if TYPE_CHECKING:
     from drills.journal import Journal
     from drills.scenario import WorkloadSpec
-    from drills.stack.sandbox import SandboxStack
+    from drills.stack.api import Stack
     from drills.workload import PromptSet
 
 ENTRY_POINT_GROUP = "kvdrill.injectors"
@@ -39,7 +41,7 @@ class InjectionContext:
     run_dir: Path
     rng: random.Random
     journal: Journal
-    stack: SandboxStack
+    stack: Stack
     prompts: PromptSet
     # called right after a fault lands, to record whether it landed inside a KV store window
     landing_probe: Callable[[], Awaitable[dict[str, Any]]] | None = None
@@ -70,10 +72,18 @@ class HealReport:
 class Injector(ABC):
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]]
+    needs: ClassVar[tuple[Capability, ...]] = ()  # the stack capabilities the family needs
 
     def __init__(self, params: BaseModel, ctx: InjectionContext) -> None:
         self.params = params
         self.ctx = ctx
+
+    @classmethod
+    def requires(cls, params: BaseModel) -> tuple[Capability, ...]:
+        """What the stack must offer for this fault with these parameters (drills/stack/api.py): checked
+        before anything starts, so a stack that cannot carry the fault refuses it with one sentence.
+        ``needs`` unless the family's needs hang on its parameters (the network backend)."""
+        return cls.needs
 
     @abstractmethod
     async def plan(self) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from drills.sizes import Size
+from drills.stack.api import Capability
 from drills.stack.diskfs import DiskFsError, RunFilesystem, inside, usage_of
 from drills.stack.faultfs import PROBE_PREFIX, ErrnoName, FaultFs, FaultFsError, Op, Rule
 from injectors.base import HealReport, InjectionError, Injector, Proof
@@ -194,6 +195,7 @@ def errno_rule_draws(rng: random.Random, fault_id: str, seed: int | None) -> tup
 class DiskFault(Injector):
     name = "disk"
     Params = DiskParams
+    needs = (Capability.RUN_FILESYSTEM,)
 
     def __init__(self, params: BaseModel, ctx) -> None:
         super().__init__(params, ctx)
@@ -213,8 +215,7 @@ class DiskFault(Injector):
 
     def _resolve(self) -> None:
         stack = self.ctx.stack
-        l2_fs = getattr(stack, "l2_fs", None)
-        l2_dir = getattr(stack, "l2_dir", None)
+        l2_fs, l2_dir = stack.l2_fs, stack.l2_dir  # Capability.RUN_FILESYSTEM: both exist; mounted yet?
         if l2_fs is None or l2_dir is None:
             raise InjectionError(f"disk: the stack's L2 directory is not on a filesystem this run mounted; {FS_HINT} "
                                  "(kvdrill never fills, remounts or fails a disk it did not create)")

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from drills.digest import sha256_file
+from drills.stack.api import Capability
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 FP32_EXPONENT_BITS = range(23, 31)  # bit 31 is the sign; 23..30 the exponent of a little-endian float32
@@ -92,6 +93,7 @@ def restore(entries: list[dict[str, Any]]) -> HealReport:
 class KvCorrupt(Injector):
     name = "kv_corrupt"
     Params = KvCorruptParams
+    needs = (Capability.CHUNK_FILES,)
 
     def __init__(self, params: BaseModel, ctx) -> None:
         super().__init__(params, ctx)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from drills.digest import sha256_file
 from drills.pins import stack_python
+from drills.stack.api import Capability
 from drills.stack.sandbox import SERVED_MODEL, link_model, served_dir, swap_link
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
@@ -86,6 +87,7 @@ def undo(record: dict[str, Any]) -> HealReport:
 class ModelUpgrade(Injector):
     name = "model"
     Params = ModelParams
+    needs = (Capability.WEIGHT_SWAP,)
 
     def __init__(self, params: ModelParams, ctx) -> None:
         super().__init__(params, ctx)
@@ -101,8 +103,6 @@ class ModelUpgrade(Injector):
 
     async def plan(self) -> list[dict[str, Any]]:
         stack = self.ctx.stack
-        if not hasattr(stack, "serve_model_from"):
-            raise InjectionError("model: this stack cannot swap weights (stack.ref: sandbox or sandbox-docker)")
         if self.ctx.oracle_wave is None:
             raise InjectionError("model: no oracle to ask for v2's answers")
         self.v1 = stack.model_dir / "model.safetensors"

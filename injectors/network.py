@@ -32,6 +32,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from drills.inputs import read_text_limited
+from drills.stack.api import Capability
 from drills.stack.kernelnet import (
     KernelNet,
     KernelPlan,
@@ -184,6 +185,11 @@ class NetworkFault(Injector):
     name = "network"
     Params = NetworkParams
 
+    @classmethod
+    def requires(cls, params: BaseModel) -> tuple[Capability, ...]:
+        assert isinstance(params, NetworkParams)
+        return (Capability.PROXIED_LINKS,) if params.backend == "toxiproxy" else (Capability.NAMESPACE_LINKS,)
+
     def __init__(self, params: NetworkParams, ctx) -> None:
         super().__init__(params, ctx)
         self.p: NetworkParams = params
@@ -211,9 +217,7 @@ class NetworkFault(Injector):
         return [self._plan_kernel()]
 
     async def _plan_proxy(self) -> dict[str, Any]:
-        url = getattr(self.ctx.stack, "toxiproxy_url", None)
-        if url is None:
-            raise InjectionError("network: this stack has no Toxiproxy server; use a sandbox stack")
+        url = self.ctx.stack.toxiproxy_url  # Capability.PROXIED_LINKS
         async with self._client() as tp:
             try:
                 proxies = await tp.proxies()
@@ -232,11 +236,10 @@ class NetworkFault(Injector):
         return self.target
 
     def _plan_kernel(self) -> dict[str, Any]:
-        netns = getattr(self.ctx.stack, "netns", None)
-        if netns is None or not getattr(self.ctx.stack, "netns_created", False):
-            raise InjectionError("network: the kernel backend acts only inside a network namespace the run created; "
-                                 "use stack.ref: sandbox-mooncake or sandbox-docker-mooncake, or the toxiproxy "
-                                 "backend on this stack")
+        netns = self.ctx.stack.netns  # Capability.NAMESPACE_LINKS: the stack has one; is it up now?
+        if netns is None or not self.ctx.stack.netns_created:
+            raise InjectionError("network: the kernel backend acts only inside a network namespace the run created, "
+                                 "and this stack's namespace is not up")
         self.kernel = KernelNet(netns)
         ports = self.ctx.stack.ports
         if self.p.link == "mooncake-master":
@@ -333,11 +336,10 @@ class NetworkFault(Injector):
         wait = 2.0 + max((t.attributes.get("latency", 0) + t.attributes.get("jitter", 0)) / 1000 for t in self.p.toxics) \
             if self.p.toxics else 2.0
         # a container stack's addresses are the containers'; it says where the host reaches them
-        host = getattr(self.ctx.stack, "host_address", lambda address: address)
-        through = first_byte(host(listen), wait)
+        through = first_byte(self.ctx.stack.host_address(listen), wait)
         if self.p.down:
             return through
-        direct = first_byte(host(self.target["upstream"]), 2.0)
+        direct = first_byte(self.ctx.stack.host_address(self.target["upstream"]), 2.0)
         return {"through_proxy": through, "direct": direct}
 
     async def heal(self) -> HealReport:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from drills.durations import Duration
 from drills.procstat import STATE, stat_fields
+from drills.stack.api import Capability
 from drills.stack.process import group_members, leader_runs
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
@@ -139,6 +140,7 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
 class ProcessFault(Injector):
     name = "process"
     Params = ProcessParams
+    needs = (Capability.SIGNAL,)
 
     def __init__(self, params: ProcessParams, ctx) -> None:
         super().__init__(params, ctx)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from drills.observe.prom import total
+from drills.stack.api import Capability
 from injectors.base import HealReport, InjectionError, Proof
 from injectors.process import ProcessFault, ProcessParams
 
@@ -44,6 +45,7 @@ class StoreParams(ProcessParams):
 class StoreFault(ProcessFault):
     name = "store"
     Params = StoreParams
+    needs = (Capability.SIGNAL, Capability.STORE_MASTER)
 
     def __init__(self, params: StoreParams, ctx) -> None:
         super().__init__(params, ctx)
@@ -51,8 +53,6 @@ class StoreFault(ProcessFault):
         self._watch: asyncio.Task | None = None
 
     async def _master_view(self) -> dict[str, float] | None:
-        if not hasattr(self.ctx.stack, "master_metrics"):
-            return None
         try:
             m = await self.ctx.stack.master_metrics()
         except Exception:  # noqa: BLE001 - a silent master is an observation, not an error
@@ -60,9 +60,6 @@ class StoreFault(ProcessFault):
         return {k: total(m, k) for k in MASTER_VIEW}
 
     async def plan(self) -> list[dict[str, Any]]:
-        if not hasattr(self.ctx.stack, "master_metrics"):
-            raise InjectionError("store: this stack has no Mooncake store; use stack.ref: sandbox-mooncake or "
-                                 "sandbox-docker-mooncake")
         chosen = await self._choose_fullest() if self.p.service == FULLEST else None
         targets = await super().plan()
         self.before = await self._master_view()

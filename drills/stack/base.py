@@ -15,8 +15,10 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryError, retry_if_result, stop_after_delay, wait_fixed
 
+from drills.isolation import Owned
 from drills.journal import Journal
 from drills.pins import load_pins, model_dir
+from drills.scenario import StackSpec
 from drills.stack.process import ProcessDriver, ServiceSpec, StackError
 
 # vLLM refuses to reset while blocks are held (a request or an async KV transfer still running) and
@@ -48,6 +50,18 @@ class ProcessStack:
         self.model_dir = model_dir(self.pins)
         self.driver = ProcessDriver(self.run_dir / "logs", journal)
         self.specs: dict[str, ServiceSpec] = {}
+
+    @classmethod
+    def from_spec(cls, spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> ProcessStack:
+        """The stack the scenario's ``stack:`` asks for (drills/stack/api.py: the registry calls this)."""
+        stack = cls(cls.options_from(spec), run_dir, journal, http)  # type: ignore[call-arg]
+        stack.with_baseline = spec.baseline is not False
+        return stack
+
+    @classmethod
+    def options_from(cls, spec: StackSpec) -> Any:
+        """What this kind's constructor takes from the scenario's ``stack:`` (the spec itself by default)."""
+        return spec
 
     async def down(self) -> None:
         raise NotImplementedError
@@ -137,10 +151,17 @@ class ProcessStack:
     def url(self, name: str) -> str:
         raise NotImplementedError
 
+    def host_address(self, address: str) -> str:
+        """Where the host reaches ``host:port`` that a service listens on (the same address for processes;
+        a container stack maps its published ports)."""
+        return address
+
     @property
     def toxiproxy_url(self) -> str:
         """The stack's Toxiproxy API (every stack runs one; the network injector talks to it)."""
         return self.url("toxiproxy")
+
+    image: str | None = None  # the image every service runs, on a container stack
 
     toxiproxy_token_file: Path | None = None  # kvdrill's own server asks for it; the real Toxiproxy does not
 
@@ -167,6 +188,14 @@ class ProcessStack:
             except httpx.HTTPError as exc:
                 problems[name] = f"health {spec.health_url}: {type(exc).__name__}"
         return problems
+
+    owned_dirs: list[Path] = []  # directories the stack created outside its run directory (a compose volume)
+
+    def owned(self) -> Owned:
+        """What this stack created, for the isolation rules: its directory, kvdrill's model cache (the model
+        injector's v1/v2), other directories it made, its process groups."""
+        pgids = {svc.pid for svc in self.driver.services.values()}
+        return Owned(dirs=[self.run_dir, self.model_dir.parent, *map(Path, self.owned_dirs)], pgids=pgids)
 
     def services_now(self) -> dict[str, dict[str, Any]]:
         return {name: {"pid": svc.pid, "generation": svc.generation, "log": f"logs/{svc.log_path.name}"}

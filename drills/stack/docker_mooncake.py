@@ -47,6 +47,9 @@ PUBLISHED = ("engine", "master_metrics", "store_a_http", "store_b_http", "toxipr
 
 class DockerMooncakeStack(ComposeStack, MooncakeStack):
     ref = "sandbox-docker-mooncake"
+    topology_file = COMPOSE_FILE
+    creates_netns = False  # the pod container's namespace: Docker makes it, the stack names it
+    netns_plan = "the pod container's, listed as kvd-<8 hex> (the name removed at down)"
 
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)

@@ -63,6 +63,14 @@ def l2_volume_dir(project: str) -> Path:
 
 class DockerSandboxStack(ComposeStack, SandboxStack):
     ref = "sandbox-docker"
+    topology_file = COMPOSE_FILE
+
+    @classmethod
+    def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
+        if spec.lmcache.l2_fs is not None:  # the run's own filesystem, bind-mounted into the container
+            return run_dir / "stack" / "l2", None
+        volume = l2_volume_dir("<project>")  # the project's volume, created by the run
+        return volume, volume.parent
 
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)

@@ -17,14 +17,17 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 from ruamel.yaml import YAML
 
+from drills.isolation import Owned
 from drills.journal import Journal
 from drills.observe import logs, prom
 from drills.pins import REPO_ROOT, stack_python, stack_venv
+from drills.scenario import StackSpec
+from drills.stack.api import Capability
 from drills.stack.base import ProcessStack
 from drills.stack.kernelnet import KernelNet
 from drills.stack.netns import NetNamespace
@@ -103,6 +106,40 @@ class MooncakeStack(ProcessStack):
     ref = "sandbox-mooncake"
     starts = "Mooncake master and contributors, vLLM engine with in-process LMCache, and baseline vLLM"
     warms = "the Mooncake store through in-process LMCache"
+    topology_file = COMPOSE_FILE
+    proxy_names: ClassVar[tuple[str, ...]] = ("mooncake-master",)
+    kernel_links: ClassVar[tuple[str, ...]] = ("mooncake-master", *CONTRIBUTORS)
+    creates_netns: ClassVar[bool] = True
+    netns_plan: ClassVar[str | None] = "kvd-<8 hex> (created by the run, deleted at down)"
+
+    @classmethod
+    def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
+        return None, None  # KV lives in the contributors' segments
+
+    @classmethod
+    def options_from(cls, spec: StackSpec) -> MooncakeOptions:
+        return MooncakeOptions(load_failure_policy=spec.mooncake.load_failure_policy,
+                               prefix_caching=bool(spec.engine.prefix_caching), chunk_size=spec.lmcache.chunk_size,
+                               segment_size=spec.mooncake.segment_size, client_ttl=spec.mooncake.client_ttl,
+                               kv_cache_space_gb=spec.engine.kv_cache_space_gb, max_model_len=spec.engine.max_model_len,
+                               startup_deadline=spec.engine.startup_deadline,
+                               shutdown_timeout=spec.engine.shutdown_timeout,
+                               transfer_timeout=spec.mooncake.transfer_timeout, cpu_shim=spec.mooncake.cpu_shim)
+
+    @classmethod
+    def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
+        return {
+            Capability.SIGNAL: None,
+            Capability.CHUNK_FILES: "LMCache runs inside vLLM here and keeps its KV as Mooncake objects, not L2 "
+                                    "chunk files (stack.ref: sandbox or sandbox-docker)",
+            Capability.PROXIED_LINKS: None,
+            Capability.NAMESPACE_LINKS: None,
+            Capability.RUN_FILESYSTEM: "its KV lives in the contributors' memory segments, not on a filesystem the "
+                                       "run mounts (stack.ref: sandbox or sandbox-docker, with stack.lmcache.l2_fs)",
+            Capability.WEIGHT_SWAP: "the upgrade swaps the weights of the sandbox topology's engine and baseline "
+                                    "(stack.ref: sandbox or sandbox-docker)",
+            Capability.STORE_MASTER: None,
+        }
 
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)
@@ -235,6 +272,14 @@ class MooncakeStack(ProcessStack):
         if self.netns is None:
             raise StackError("the stack is not prepared: no namespace address yet")
         return f"http://{self.netns.ns_addr}:{self.ports[HTTP_PORT_OF[name]]}"
+
+    def owned(self) -> Owned:
+        owned = super().owned()
+        # a namespace this stack made reaches the host over its veth pair; the container pod's (a name only,
+        # drills/stack/docker_mooncake.py) is reached through ports published on 127.0.0.1
+        if isinstance(self.netns, NetNamespace) and self.netns_created:
+            owned.netns_addrs |= {str(self.netns.ns_addr), str(self.netns.host_addr)}
+        return owned
 
     async def metrics_text(self, name: str) -> str:
         r = await self.http.get(f"{self.url(name)}/metrics", timeout=10)

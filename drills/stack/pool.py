@@ -26,7 +26,7 @@ import httpx
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack.base import ProcessStack
+from drills.stack.api import Stack
 
 
 def stack_key(spec: StackSpec) -> str:
@@ -40,7 +40,7 @@ def stack_key(spec: StackSpec) -> str:
 @dataclass
 class LiveStack:
     key: str
-    stack: ProcessStack
+    stack: Stack
     home: Path
     seeds: set[int] = field(default_factory=set)
     runs: list[str] = field(default_factory=list)
@@ -77,14 +77,14 @@ class StackPool:
         home.mkdir(parents=True, exist_ok=True)
         return home
 
-    def keep(self, spec: StackSpec, stack: ProcessStack, seed: int, run_id: str, dirty: str | None = None) -> None:
+    def keep(self, spec: StackSpec, stack: Stack, seed: int, run_id: str, dirty: str | None = None) -> None:
         if self.live is None or self.live.stack is not stack:
             self.live = LiveStack(key=stack_key(spec), stack=stack, home=stack.run_dir)
         self.live.seeds.add(seed)
         self.live.runs.append(run_id)
         self.live.dirty = dirty
 
-    def forget(self, stack: ProcessStack) -> None:
+    def forget(self, stack: Stack) -> None:
         """The run that used ``stack`` stops it itself (it was not left fit for another drill)."""
         if self.live is not None and self.live.stack is stack:
             self.live = None

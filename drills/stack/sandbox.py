@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from ruamel.yaml import YAML
@@ -30,6 +30,7 @@ from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
 from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
 from drills.scenario import StackSpec
+from drills.stack.api import Capability
 from drills.stack.base import TOXIPROXY_TOKEN, ProcessStack
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.faultfs import FaultFs
@@ -139,6 +140,37 @@ class SandboxStack(ProcessStack):
     cache_log = "lmcache.log"
     starts = "LMCache server, vLLM engine and baseline vLLM"
     warms = "LMCache L1 and its L2 directory"
+    # known before the stack starts (the dry run plans against them; a unit test keeps them in step with
+    # the live stack's `proxies`)
+    topology_file = COMPOSE_FILE
+    proxy_names: ClassVar[tuple[str, ...]] = ("lmcache",)
+    kernel_links: ClassVar[tuple[str, ...]] = ()
+    creates_netns: ClassVar[bool] = False  # the run makes a network namespace its services live in
+    netns_plan: ClassVar[str | None] = None  # what the dry run says of the stack's namespace
+
+    @classmethod
+    def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
+        """Where the L2 directory will be for a run in ``run_dir`` and a directory the stack creates for it
+        outside ``run_dir`` (None: none), known before it starts."""
+        return run_dir / "stack" / "l2", None
+
+    @classmethod
+    def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
+        return {
+            Capability.SIGNAL: None,
+            Capability.CHUNK_FILES: None,
+            Capability.PROXIED_LINKS: None,
+            Capability.NAMESPACE_LINKS: "its services share the host's loopback, and the kernel backend shapes links "
+                                        "only inside a network namespace the run creates (stack.ref: "
+                                        "sandbox-mooncake or sandbox-docker-mooncake); use backend: toxiproxy here",
+            Capability.RUN_FILESYSTEM: None if spec.lmcache.l2_fs is not None else
+            "its L2 directory is not on a filesystem the run mounts, and kvdrill never fills, remounts or fails a "
+            "disk it did not create; set stack.lmcache.l2_fs (a run-owned tmpfs or loop ext4, with the fault "
+            "filesystem over it for errno faults)",
+            Capability.WEIGHT_SWAP: None,
+            Capability.STORE_MASTER: "it runs no Mooncake store (stack.ref: sandbox-mooncake or "
+                                     "sandbox-docker-mooncake)",
+        }
 
     def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)

@@ -176,23 +176,26 @@ def test_check_target_finds_every_host_path_and_group_at_any_depth(tmp_path):
 
 
 def test_owned_by_stack_reads_the_stack_creations(tmp_path):
+    import httpx
+
+    from drills.journal import Journal
+    from drills.scenario import StackSpec
+    from drills.stack.api import stack_kind
+    from drills.stack.netns import NetNamespace
+
     class Svc:
         def __init__(self, pid):
             self.pid = pid
 
-    class NS:
-        ns_addr, host_addr = "10.254.0.2", "10.254.0.1"
-
-    class Stack:
-        run_dir, model_dir = tmp_path / "run", tmp_path / "models" / "m"
-        netns, netns_created = NS(), True
-        driver = type("D", (), {"services": {"engine": Svc(11), "lmcache": Svc(12)}})()
-
-    owned = owned_by_stack(Stack())
-    assert owned.pgids == {11, 12} and owned.netns_addrs == {"10.254.0.2", "10.254.0.1"}
-    assert owned.dirs == [tmp_path / "run", tmp_path / "models"]
-    Stack.netns_created = False
-    assert owned_by_stack(Stack()).netns_addrs == set()  # a namespace the run did not create is not its own
+    stack = stack_kind("sandbox-mooncake").from_spec(StackSpec(ref="sandbox-mooncake"), tmp_path / "run",
+                                                     Journal(tmp_path), httpx.AsyncClient())
+    stack.driver.services = {"engine": Svc(11), "store-a": Svc(12)}
+    stack.netns, stack.netns_created = NetNamespace.plan(), True
+    owned = owned_by_stack(stack)
+    assert owned.pgids == {11, 12} and owned.netns_addrs == {str(stack.netns.ns_addr), str(stack.netns.host_addr)}
+    assert owned.dirs == [tmp_path / "run", stack.model_dir.parent]
+    stack.netns_created = False
+    assert owned_by_stack(stack).netns_addrs == set()  # a namespace the run did not create is not its own
 
 
 def test_policy_for_without_a_stack_allows_loopback_only():

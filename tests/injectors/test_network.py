@@ -133,7 +133,11 @@ def test_params_speak_toxiproxy_and_refuse_what_cannot_work():
 
 
 async def test_the_kernel_backend_needs_a_namespace_the_run_created(tmp_path):
-    inj, _ = fault(ProxyStack("http://127.0.0.1:9", tmp_path / "none"), tmp_path, backend="kernel", link="store-a",
+    """A stack kind with namespace links (sandbox-mooncake) whose namespace is not up now: refused at plan
+    (a kind without them is refused before the run: tests/drills/stack/test_api.py)."""
+    stack = ProxyStack("http://127.0.0.1:9", tmp_path / "none")
+    stack.netns, stack.netns_created = None, False
+    inj, _ = fault(stack, tmp_path, backend="kernel", link="store-a",
                    toxics=[{"type": "bandwidth", "attributes": {"rate": 100}}])
     with pytest.raises(InjectionError, match="namespace the run created"):
         await inj.plan()

@@ -10,6 +10,8 @@ import httpx
 import pytest
 
 from drills.journal import Journal, read_history
+from drills.scenario import StackSpec
+from drills.stack.api import capability_gaps
 from drills.stack.process import ProcessDriver
 from injectors.base import InjectionContext, InjectionError
 from injectors.store import StoreFault, StoreParams
@@ -73,14 +75,13 @@ async def test_kill_proof_carries_the_master_view_and_the_watcher_times_detectio
     assert report.undone and st.driver.services["store-a"].alive
 
 
-async def test_only_mooncake_services_and_only_on_a_mooncake_stack(tmp_path):
+def test_only_mooncake_services_and_only_on_a_mooncake_stack():
     with pytest.raises(ValueError):
         StoreParams(service="engine", action="kill")
-    journal = Journal(tmp_path / "run")
-    async with httpx.AsyncClient() as http:
-        plain = TinyStack(ProcessDriver(tmp_path / "run" / "logs", journal), http)
-        with pytest.raises(InjectionError, match="sandbox-mooncake"):
-            await fault(plain, journal, tmp_path, service="store-a", action="kill").plan()
+    params = StoreParams(service="store-a", action="kill")
+    [gap] = capability_gaps(StackSpec(ref="sandbox"), "store", params)
+    assert "cannot `store_master`" in gap and "sandbox-mooncake" in gap
+    assert capability_gaps(StackSpec(ref="sandbox-mooncake"), "store", params) == []
 
 
 async def test_fullest_contributor_is_the_one_holding_the_most_bytes(mooncake, tmp_path):
