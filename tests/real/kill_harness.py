@@ -100,6 +100,9 @@ class MiniStack:
     def toxiproxy_token(self) -> str:
         return TOKEN
 
+    def host_address(self, address: str) -> str:
+        return address  # every service here is a host process (drills/stack/base.py: ProcessStack)
+
     def mount_l2(self, opt: dict[str, Any]) -> None:
         from pydantic import ByteSize, TypeAdapter
         spec = SimpleNamespace(kind=opt["kind"], size=TypeAdapter(ByteSize).validate_python(opt["size"]),
