@@ -84,12 +84,12 @@ class FaultPlan:
 
 def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     ref = sc.stack.ref
-    doc = YAML(typ="safe", pure=True).load(read_text_limited(stack_kind(ref).topology_file, MAX_STACK_FILE_BYTES, "stack file"))
+    kind = stack_kind(ref)
+    doc = YAML(typ="safe", pure=True).load(read_text_limited(kind.topology_file, MAX_STACK_FILE_BYTES, "stack file"))
     # local stacks name a program (argv); the container stack a compose command run in its image
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
                 for name, raw in doc["services"].items() if name != "baseline" or sc.stack.baseline is not False}
     run_dir = reports_dir / RUN_ID
-    kind = stack_kind(ref)
     l2, volume = kind.planned_l2(sc.stack, run_dir)
     fs = sc.stack.lmcache.l2_fs if l2 is not None else None
     return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2, owned_dirs=[volume] if volume else [],

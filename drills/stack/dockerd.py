@@ -8,14 +8,14 @@ when it exits (§1.10): iptables chains and jump rules, FORWARD policy DROP, ``i
 ``docker0`` bridge, nsfs mounts under its exec root. :class:`HostNetState` snapshots the host before
 the start; :meth:`OwnedEngine.stop` removes only what is new since then *and* is Docker's (a rule or
 chain that names DOCKER, a ``docker0``/``br-`` link), so a fault rule another component added in the
-meantime stays.
+meantime stays. No library does this cleanup (the SDK and compose leave it to the daemon, which does
+not), hence the hand-written diff.
 
 The snapshot is the host's, not one engine's: iptables chains and ``docker0`` are host-wide, and only
 one engine runs at a time (a start refuses while any dockerd runs). It lives at :data:`HOST_SNAPSHOT`
 until a stop has restored it, so an engine whose session died (SIGKILL, a CI timeout) is cleaned up by
 the next start of *any* state directory: that start adopts the dead engine's snapshot, which describes
-the host before it, instead of recording its leftover chains as the host's own. No library does this cleanup (the SDK and compose leave it to the daemon, which does
-not), hence the hand-written diff.
+the host before it, instead of recording its leftover chains as the host's own.
 """
 
 from __future__ import annotations
