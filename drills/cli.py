@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from drills.scenario import ScenarioError, json_schema, load_scenario
+from drills.scenario import Problem, ScenarioError, json_schema, load_scenario
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded CPU stack (real LMCache + vLLM), for learning.")
@@ -101,13 +101,17 @@ def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")
             bad += 1
             typer.echo(exc.render(), err=True)
             continue
-        # a problem `run --dry-run` reports is not ok here either: the two must agree
-        wrong = dryrun.build_plan(loaded)["problems"]
-        if wrong:
+        # a problem `run --dry-run` reports is not ok here either: the two must agree, and each is shown
+        # at the line of the fault (or `requires:`) it is about
+        plan = dryrun.build_plan(loaded)
+        if plan["problems"]:
             bad += 1
             typer.echo(f"{f}: not runnable as written (`kvdrill run --dry-run {f}` shows the plan):", err=True)
-            for w in wrong:
-                typer.echo(f"  {w}", err=True)
+            where = [Problem(loaded.line_of("requires"), "requires", p.removeprefix("requires: "))
+                     for p in plan["problems"] if p.startswith("requires: ")]
+            where += [Problem(loaded.line_of("chaos", "faults", i), f"chaos.faults[{i}] ({fault['id']})", p)
+                      for i, fault in enumerate(plan["faults"]) for p in fault["problems"]]
+            typer.echo(ScenarioError(f, where).render(), err=True)
             continue
         faults = ", ".join(x.injector for x in loaded.scenario.chaos.faults) or "no faults"
         typer.echo(f"{f}: ok ({loaded.scenario.name}: {faults})")

@@ -11,7 +11,7 @@ import difflib
 import re
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -498,6 +498,12 @@ class LoadedScenario:
     path: Path
     scenario: Scenario
     fault_params: list[BaseModel]  # one validated params model per chaos.faults entry
+    tree: Any = field(default=None, repr=False)  # the YAML round-trip tree, for lines of later findings
+
+    def line_of(self, *loc: Any) -> int | None:
+        """The line of ``loc`` (e.g. ``"chaos", "faults", 0``) in the file, for a problem found after
+        validation (the dry run's); None where the scenario was not read from text."""
+        return _line(self.tree, loc) if self.tree is not None else None
 
 
 def load_scenario(path: Path | str) -> LoadedScenario:
@@ -536,7 +542,7 @@ def parse_scenario(text: str, path: Path) -> LoadedScenario:
     problems += fault_problems
     if problems or scenario is None:
         raise ScenarioError(path, sorted(problems, key=lambda p: (p.line or 0, p.key)))
-    return LoadedScenario(path=path, scenario=scenario, fault_params=params)
+    return LoadedScenario(path=path, scenario=scenario, fault_params=params, tree=data)
 
 
 def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel], list[Problem]]:

@@ -102,7 +102,9 @@ def test_dry_run_and_validate_refuse_it_with_the_same_sentence(tmp_path):
     [problem] = plan["problems"]
     assert "stack sandbox-mooncake cannot `chunk_files`" in problem and plan["faults"][0]["targets"] == []
     out = CliRunner().invoke(app, ["validate", str(bad)])
-    assert out.exit_code == 2 and "cannot `chunk_files`" in out.output
+    # at the fault's own line, as a schema error would be
+    assert out.exit_code == 2 and f"{bad}:5: chaos.faults[0] (f0-kv_corrupt): stack sandbox-mooncake cannot " \
+        "`chunk_files`" in out.output
 
 
 def test_run_refuses_it_in_preflight_before_any_stack_exists(tmp_path):
