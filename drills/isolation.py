@@ -216,12 +216,7 @@ def policy_for(scenario: Scenario, allow_targets: Iterable[str] = (), stack: Any
     """The run's policy; with no stack yet, only loopback and the scenario's named targets pass. For code
     that contacts something on its own (e.g. halt-condition probes):
     ``if (r := policy_for(sc, flags, stack).check_url(url, "halt[0]")): raise IsolationError([r])``."""
-    return IsolationPolicy.build(scenario, allow_targets, owned_by_stack(stack) if stack is not None else Owned())
-
-
-def owned_by_stack(stack: Any) -> Owned:
-    """What a live stack created (its own :meth:`owned`): the policy's notion of "the run's own"."""
-    return stack.owned()
+    return IsolationPolicy.build(scenario, allow_targets, stack.owned() if stack is not None else Owned())
 
 
 # System directories: neither they nor anything under them is ever a test target (a fault there reaches the

@@ -36,7 +36,7 @@ from drills.gameday import pause
 from drills.gameday.desk import DESK
 from drills.gameday.traffic import PauseTraffic
 from drills.halt.monitor import HaltConfigError, HaltMonitor
-from drills.isolation import IsolationError, IsolationPolicy, owned_by_stack, policy_for
+from drills.isolation import IsolationError, IsolationPolicy, policy_for
 from drills.journal import Journal, read_history
 from drills.observe import logs, prom, shm
 from drills.observe.lmcache_status import above_baseline
@@ -364,7 +364,7 @@ class Runner:
         injector = registry()[fault.injector](params, ctx)
         targets = await injector.plan()
         # nothing is touched before every target passed the isolation rules (refusal: verdict ERROR)
-        IsolationPolicy.build(sc, self.allow_targets, owned_by_stack(self.stack)).enforce(
+        IsolationPolicy.build(sc, self.allow_targets, self.stack.owned()).enforce(
             targets, f"chaos.faults[{i}] ({fault.injector})")
         self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
                             rng_seed=seeds.fault_rng_seed(sc.seed, fault_id),

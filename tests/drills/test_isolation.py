@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from drills.isolation import IsolationError, IsolationPolicy, Owned, owned_by_stack, policy_for, read_cmdline
+from drills.isolation import IsolationError, IsolationPolicy, Owned, policy_for, read_cmdline
 from drills.scenario import parse_scenario
 
 
@@ -175,7 +175,7 @@ def test_check_target_finds_every_host_path_and_group_at_any_depth(tmp_path):
     assert len(exc.value.refusals) == 4 and "chaos.faults[3] (model)" in str(exc.value)
 
 
-def test_owned_by_stack_reads_the_stack_creations(tmp_path):
+def test_a_stack_says_what_it_created(tmp_path):
     import httpx
 
     from drills.journal import Journal
@@ -191,11 +191,11 @@ def test_owned_by_stack_reads_the_stack_creations(tmp_path):
                                                      Journal(tmp_path), httpx.AsyncClient())
     stack.driver.services = {"engine": Svc(11), "store-a": Svc(12)}
     stack.netns, stack.netns_created = NetNamespace.plan(), True
-    owned = owned_by_stack(stack)
+    owned = stack.owned()
     assert owned.pgids == {11, 12} and owned.netns_addrs == {str(stack.netns.ns_addr), str(stack.netns.host_addr)}
     assert owned.dirs == [tmp_path / "run", stack.model_dir.parent]
     stack.netns_created = False
-    assert owned_by_stack(stack).netns_addrs == set()  # a namespace the run did not create is not its own
+    assert stack.owned().netns_addrs == set()  # a namespace the run did not create is not its own
 
 
 def test_policy_for_without_a_stack_allows_loopback_only():
