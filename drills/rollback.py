@@ -47,7 +47,9 @@ from drills.stack.netns import NetNamespace
 from drills.stack.process import group_members, leader_runs, tagged_pids
 from injectors.base import HealReport
 
-Status = Literal["undone", "already_healed", "failed"]
+# left: a thing the journal's names point at that is provably not the run's (a /dev/shm segment named after
+# a pid the run used, made before the run by an earlier process of that number): left alone, not a failure
+Status = Literal["undone", "already_healed", "left", "failed"]
 GRACE_S = 10.0  # SIGTERM to SIGKILL: a drill's services have nothing left to save after a crash
 
 
@@ -606,8 +608,9 @@ def _remove_shm(pids: set[int], report: RollbackReport, state: RunState) -> None
         try:
             st = os.lstat(path)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_ctime < since:
-                report.items.append(Item("shm", "failed", f"not undone: /dev/shm/{path.name} is not the run's "
-                                         "(another owner, not a plain file, or older than the run)"))
+                # pids are recycled: a killed process of an earlier run (or session) with this number left it
+                report.items.append(Item("shm", "left", f"/dev/shm/{path.name} is not the run's (another owner, "
+                                         "not a plain file, or older than the run): left as it was"))
                 continue
             path.unlink()
         except FileNotFoundError:
@@ -732,7 +735,8 @@ def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
         for item in report.items:
             journal.append(f"rollback.{item.status}", step=item.step, what=item.what)
         journal.append("rollback.finished", undone=len(report.of("undone")),
-                       already_healed=len(report.of("already_healed")), failed=len(report.of("failed")))
+                       already_healed=len(report.of("already_healed")), left=len(report.of("left")),
+                       failed=len(report.of("failed")))
         if history.first("run.started") is not None and history.first("verdict") is None:
             if not _judge_complete(run_dir, history, journal, report):
                 _mark_aborted(run_dir, journal, report)
@@ -801,7 +805,8 @@ def render(report: RollbackReport, console) -> None:
     for line in report.problems:
         console.print(f"  [yellow]journal:[/] {escape(line)}")
     undone, healed, failed = report.of("undone"), report.of("already_healed"), report.of("failed")
-    for title, style, items in (("undone", "green", undone), ("could NOT undo", "red", failed)):
+    for title, style, items in (("undone", "green", undone), ("left alone", "yellow", report.of("left")),
+                                ("could NOT undo", "red", failed)):
         for i in items:
             console.print(f"  [{style}]{title:>14}[/] {escape(i.step)}: {escape(i.what)}", highlight=False)
     if healed:
@@ -811,4 +816,5 @@ def render(report: RollbackReport, console) -> None:
     if report.verdict_added:
         console.print(f"  the run had no verdict: its complete journal judged {report.judged.upper()}" if report.judged
                       else "  the run had no verdict: marked ABORTED (crashed)")
-    console.print(f"  {len(undone)} undone, {len(healed)} already healed, {len(failed)} failed")
+    left = f", {len(report.of('left'))} not the run's (left alone)" if report.of("left") else ""
+    console.print(f"  {len(undone)} undone, {len(healed)} already healed{left}, {len(failed)} failed")
