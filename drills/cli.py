@@ -16,6 +16,9 @@ from drills.scenario import Problem, ScenarioError, json_schema, load_scenario
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded CPU stack (real LMCache + vLLM), for learning.")
 app.add_typer(sandbox_app, name="sandbox")
+stack_app = typer.Typer(no_args_is_help=True, help="A stack you run, described by a stack file "
+                        "(compose/attach/my-stack.yaml).")
+app.add_typer(stack_app, name="stack")
 docker_app = typer.Typer(no_args_is_help=True, help="The Docker engine kvdrill owns (its own roots and socket).")
 app.add_typer(docker_app, name="docker")
 out = Console()
@@ -34,10 +37,22 @@ def _on_stack(loaded, ref: str):
     from drills.scenario import Scenario, StackSpec, default_oracle
 
     sc = loaded.scenario
+    # a path is a stack file of a stack the user runs (drills/stack/stackfile.py); a name is a built-in kind
+    as_file = ref.endswith((".yaml", ".yml")) or "/" in ref
+    if as_file:
+        from drills.stack.stackfile import StackFileError, load_stack_file
+
+        try:
+            load_stack_file(ref)
+        except StackFileError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from exc
+    choice = {"ref": "attach", "file": str(Path(ref).absolute())} if as_file else {"ref": ref, "file": None}
     try:
-        spec = StackSpec.model_validate({**sc.stack.model_dump(mode="json"), "ref": ref})
+        spec = StackSpec.model_validate({**sc.stack.model_dump(mode="json"), **choice})
     except ValidationError as exc:
-        typer.echo(f"--stack {ref}: {exc.errors()[0]['msg']}", err=True)
+        typer.echo(f"--stack {ref}: {exc.errors()[0]['msg']}" + ("" if as_file else "; or give the path of a "
+                   "stack file (a stack you run, see compose/attach/my-stack.yaml)"), err=True)
         raise typer.Exit(2) from exc
     # an oracle (and a baseline engine) that was the default for the scenario's own stack is chosen again
     # for this one: the salted oracle is only sound where the stack keys by cache_salt (defect D13)
@@ -119,9 +134,55 @@ def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")
 
 
 @app.command()
-def schema() -> None:
-    """Print the scenario JSON Schema (for editors)."""
+def schema(stack: bool = typer.Option(False, "--stack", help="the stack file's schema instead")) -> None:
+    """Print the scenario JSON Schema, or with --stack the stack file's (for editors)."""
+    if stack:
+        from drills.stack.stackfile import json_schema as stack_schema
+
+        typer.echo(json.dumps(stack_schema(), indent=2))
+        return
     typer.echo(json.dumps(json_schema(), indent=2))
+
+
+@stack_app.command("check")
+def stack_check(file: Path = typer.Argument(..., help="stack file"),
+                allow_target: list[str] = typer.Option([], "--allow-target", help="a host off this machine the "
+                                                       "stack file names, which kvdrill may contact (repeatable)"),
+                as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
+    """Reach every service of a stack you run, check every declared control, record versions and the served
+    model, say which oracle a drill uses and which faults this stack can carry. Changes nothing. Exit 0
+    when everything answers as declared, 2 with the reasons when not."""
+    from rich.table import Table
+
+    from drills.stack.check import check_stack
+    from drills.stack.stackfile import StackFileError, load_stack_file
+
+    try:
+        declared = load_stack_file(file)
+    except StackFileError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    result = asyncio.run(check_stack(file, declared, tuple(allow_target)))
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2, default=str))
+        raise typer.Exit(0 if result.ok else 2)
+    out.print(f"[bold]stack {declared.name}[/] ({file})")
+    for name, seen in result.services.items():
+        extra = {k: v for k, v in seen.items() if k not in ("url", "local", "health", "control")}
+        out.print(f"  {name}: {seen['url']} health {seen['health']}, control: {seen['control']} "
+                  f"{json.dumps(extra, default=str)[:300]}", highlight=False, markup=False)
+    if result.oracle:
+        out.print(f"  oracle: {result.oracle['mode']} ({result.oracle['why']})", markup=False)
+    table = Table(title="faults this stack can carry")
+    table.add_column("fault")
+    table.add_column("carried")
+    for fault, verdict in result.faults.items():
+        table.add_row(fault, verdict)
+    if result.faults:
+        out.print(table)
+    for problem in result.problems:
+        err.print(f"[red]problem:[/] {problem}", highlight=False)
+    raise typer.Exit(0 if result.ok else 2)
 
 
 @app.command()
@@ -130,14 +191,13 @@ def stacks(as_json: bool = typer.Option(False, "--json", help="machine-readable"
     it lacks and why (`kvdrill run --dry-run` refuses such a fault before anything starts)."""
     from rich.table import Table
 
-    from drills.scenario import StackSpec
-    from drills.stack.api import Capability, stack_kind, stack_refs
+    from drills.stack.api import Capability, example_spec, stack_kind, stack_refs
     from injectors.base import registry
 
     # a capability can hang on an option (disk faults need the run-owned L2 filesystem): ask with it too
     with_fs = {"lmcache": {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}}
-    kinds = {ref: (stack_kind(ref).capabilities(StackSpec(ref=ref)),
-                   stack_kind(ref).capabilities(StackSpec(ref=ref, **with_fs))) for ref in stack_refs()}
+    kinds = {ref: (stack_kind(ref).capabilities(example_spec(ref)),
+                   stack_kind(ref).capabilities(example_spec(ref, **with_fs))) for ref in stack_refs()}
     # what a family needs hangs on its parameters only for the network backend: both are listed
     needs = {"network (toxiproxy)": (Capability.PROXIED_LINKS,), "network (kernel)": (Capability.NAMESPACE_LINKS,)}
     needs |= {name: cls.needs for name, cls in registry().items() if name != "network"}
@@ -192,8 +252,9 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
         as_json: bool = typer.Option(False, "--json", help="with --dry-run: the plan as JSON"),
         allow_target: list[str] = typer.Option([], "--allow-target", help="an outside host the drill may contact; "
                                                "the scenario's targets.hosts must name it too (repeatable)"),
-        stack: str | None = typer.Option(None, "--stack", help="run on this stack instead of the scenario's "
-                                         "stack.ref (e.g. sandbox-docker: the same drill in containers)"),
+        stack: str | None = typer.Option(None, "--stack", help="run on this stack instead of the scenario's: a "
+                                         "built-in kind (e.g. sandbox-docker: the same drill in containers) or "
+                                         "the stack file of a stack you run (my-stack.yaml)"),
         ) -> None:
     """Run one drill end to end on a stack it starts, and write its report (--dry-run: only the plan;
     exit 0 if allowed, 2 with the refusals). Ctrl-C, SIGTERM and `kvdrill abort` stop it: faults

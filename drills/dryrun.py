@@ -56,18 +56,24 @@ class StackView:
     netns: bool  # the run creates a namespace its services live in
     model_dir: Path
     owned_dirs: list[Path] = field(default_factory=list)  # what the stack creates outside the run directory
+    proxies: tuple[str, ...] = ()  # the proxies its Toxiproxy serves
+    urls: dict[str, str] = field(default_factory=dict)  # its services' URLs, as far as known before it starts
+    attached: bool = False  # a stack file's services, found running (not started)
 
     @property
     def kind(self) -> type[StackKind]:
         return stack_kind(self.ref)
 
     def toxiproxy_url(self) -> str:
+        if "toxiproxy" in self.urls:
+            return self.urls["toxiproxy"]
         if self.netns:
             return f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['toxiproxy']}"
         return "http://127.0.0.1:<free port>"
 
     def owned(self) -> Owned:
-        return Owned(dirs=[self.run_dir, self.model_dir.parent, *self.owned_dirs],
+        declared = [self.l2_dir] if self.attached and self.l2_dir else []  # the stack file declares its L2
+        return Owned(dirs=[self.run_dir, self.model_dir.parent, *self.owned_dirs, *declared],
                      symbolic_hosts={NETNS_HOST} if self.netns else set())
 
 
@@ -85,6 +91,8 @@ class FaultPlan:
 def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     ref = sc.stack.ref
     kind = stack_kind(ref)
+    if sc.stack.file is not None:
+        return _attached_view(sc, reports_dir)
     doc = YAML(typ="safe", pure=True).load(read_text_limited(kind.topology_file, MAX_STACK_FILE_BYTES, "stack file"))
     # local stacks name a program (argv); the container stack a compose command run in its image
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
@@ -92,9 +100,27 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     run_dir = reports_dir / RUN_ID
     l2, volume = kind.planned_l2(sc.stack, run_dir)
     fs = sc.stack.lmcache.l2_fs if l2 is not None else None
-    return StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2, owned_dirs=[volume] if volume else [],
+    urls = {"engine": f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['engine']}" if kind.creates_netns
+            else "http://127.0.0.1:<free port>", "baseline": "http://127.0.0.1:<free port>"}
+    view = StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2, owned_dirs=[volume] if volume else [],
                      l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=kind.creates_netns,
-                     model_dir=model_dir(load_pins()))
+                     model_dir=model_dir(load_pins()), proxies=tuple(kind.proxy_names), urls=urls)
+    view.urls["toxiproxy"] = view.toxiproxy_url()
+    return view
+
+
+def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
+    """A stack file's services as declared: nothing is contacted before the run's preflight."""
+    from drills.stack.stackfile import load_stack_file
+
+    f = load_stack_file(sc.stack.file or "")
+    services = {n: {"netns": False, "program": ("attached by pid and command line: " + " ".join(
+        Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3])) if s.control
+        else "attached by URL only")} for n, s in f.services.items()}
+    tp = f.services.get("toxiproxy")
+    return StackView(ref=sc.stack.ref, run_dir=reports_dir / RUN_ID, services=services, l2_dir=f.l2_dir, l2_fs=None,
+                     netns=False, model_dir=model_dir(load_pins()), proxies=tuple(tp.proxies) if tp else (),
+                     urls={n: s.url for n, s in f.services.items()}, attached=True)
 
 
 def _program(argv: list[Any]) -> str:
@@ -117,10 +143,9 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
             refusals += policy.check_target(t, where)
         faults.append(fp)
     # the halt/probe URLs of other features go through policy.check_url; the stack's own are listed here
-    urls = {"engine": f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['engine']}" if view.netns
-            else "http://127.0.0.1:<free port>", "baseline": "http://127.0.0.1:<free port>",
-            "toxiproxy": view.toxiproxy_url()}
-    refusals += [r for name, u in urls.items() if (r := policy.check_url(u, f"stack url {name}"))]
+    urls = view.urls
+    refusals += [r for name, u in urls.items() if (r := policy.check_url(u, f"stack url {name}"))
+                 and not view.attached]  # an attached stack's URLs are checked with the declared targets
     problems = [f"{f.id}: {p}" for f in faults for p in f.problems]
     if sc.requires is not None:  # `kvdrill run` refuses it before anything starts: the plan must say so too
         problems.insert(0, f"requires: needs {sc.requires.stack} ({sc.requires.why}); `kvdrill run` does not run "
@@ -134,7 +159,7 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
         "refusals": [r.as_dict() for r in refusals],
         "problems": problems,
         "stack": {"ref": view.ref, "run_dir": str(view.run_dir), "services": view.services, "urls": urls,
-                  "proxies": list(view.kind.proxy_names), "kernel_links": list(view.kind.kernel_links),
+                  "proxies": list(view.proxies), "kernel_links": list(view.kind.kernel_links),
                   "l2_dir": str(view.l2_dir) if view.l2_dir else None, "l2_fs": view.l2_fs,
                   "netns": view.kind.netns_plan,
                   "reuse": sc.stack.reuse},
@@ -193,7 +218,8 @@ def _process(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     if p.service not in view.services:
         fp.problems.append(f"no service {p.service!r} in stack {view.ref}; it starts: {', '.join(view.services)}")
         return
-    fp.targets.append({"service": p.service, "pgid": "<the process group kvdrill starts for it>",
+    fp.targets.append({"service": p.service, "pgid": "<the pid the stack file declares, checked against its "
+                       "command line>" if view.attached else "<the process group kvdrill starts for it>",
                        "action": p.action, "netns": view.services[p.service]["netns"]})
 
 
@@ -214,9 +240,9 @@ def _network(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     names = [t.name or f"kvdrill-{fp.id}-{n}" for n, t in enumerate(p.toxics)]
     partial = [t for t in p.toxics if t.toxicity < 1]
     if p.backend == "toxiproxy":
-        if p.proxy not in view.kind.proxy_names:
+        if p.proxy not in view.proxies:
             fp.problems.append(f"no proxy {p.proxy!r} on the {view.ref} stack's Toxiproxy; it has: "
-                               f"{', '.join(view.kind.proxy_names)}")
+                               f"{', '.join(view.proxies) or '(none)'}")
             return
         fp.targets.append({"backend": "toxiproxy", "url": view.toxiproxy_url(), "proxy": p.proxy,
                            "toxics": names, "down": p.down})

@@ -86,11 +86,15 @@ class IsolationPolicy:
     scenario_processes: tuple[NamedProcess, ...] = ()
     probe_urls: tuple[tuple[int, str], ...] = ()  # halt conditions' http probes outside the run's services
     named_faults: tuple[tuple[int, int], ...] = ()  # (fault index, pid) of named_process faults
+    stack_urls: tuple[tuple[str, str], ...] = ()  # (where, url) of an attached stack's services
+    stack_paths: tuple[tuple[str, str], ...] = ()  # (where, path) an attached stack's faults may write (its L2)
 
     @classmethod
     def build(cls, scenario: Scenario, allow_targets: Iterable[str], owned: Owned) -> IsolationPolicy:
         t = scenario.targets
-        return cls(owned=owned, scenario_hosts=frozenset(_norm_host(h) for h in t.hosts),
+        urls, paths, declared_hosts = _attached(scenario)
+        return cls(owned=owned, scenario_hosts=frozenset(_norm_host(h) for h in [*t.hosts, *declared_hosts]),
+                   stack_urls=urls, stack_paths=paths,
                    flag_hosts=frozenset(_norm_host(h) for h in allow_targets),
                    scenario_paths=tuple(Path(p) for p in t.paths),
                    scenario_processes=tuple(NamedProcess(p.pid, tuple(p.cmdline)) for p in t.processes),
@@ -194,6 +198,10 @@ class IsolationPolicy:
         hosts = sorted(self.scenario_hosts | self.flag_hosts)
         found = [self.check_host(h, "targets.hosts" if h in self.scenario_hosts else "--allow-target") for h in hosts]
         found += [self.check_url(url, f"halt[{i}].http.url") for i, url in self.probe_urls]
+        # an attached stack's services: a host the stack file names off this machine also needs --allow-target
+        found += [self.check_url(url, where) for where, url in self.stack_urls]
+        found += [Refusal("path", path, where, why, "point the stack file at a directory of the test instance")
+                  for where, path in self.stack_paths if (why := system_path(path))]
         # before the stack starts, not minutes later when the fault is planned
         found += [self.check_process(pid, f"chaos.faults[{i}].params.pid") for i, pid in self.named_faults]
         for n in self.scenario_processes:
@@ -210,6 +218,19 @@ class IsolationPolicy:
         refusals = [r for t in targets for r in self.check_target(t, where)]
         if refusals:
             raise IsolationError(refusals)
+
+
+def _attached(scenario: Scenario) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], list[str]]:
+    """An attached stack's service URLs and L2 path (each with where it is declared), and its hosts off this
+    machine: the stack file is the isolation declaration for that stack (drills/stack/stackfile.py)."""
+    if scenario.stack.file is None:
+        return (), (), []
+    from drills.stack.stackfile import load_stack_file
+
+    f = load_stack_file(scenario.stack.file)
+    urls = tuple((f"{scenario.stack.file}: services.{n}.url", s.url) for n, s in f.services.items())
+    paths = ((f"{scenario.stack.file}: services.lmcache.l2.path", str(f.l2_dir)),) if f.l2_dir else ()
+    return urls, paths, f.remote_hosts()
 
 
 def policy_for(scenario: Scenario, allow_targets: Iterable[str] = (), stack: Any = None) -> IsolationPolicy:

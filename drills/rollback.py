@@ -148,6 +148,10 @@ class RunState:
     named: set[tuple[int, tuple[str, ...]]]  # targets.processes of its scenario: (pid, cmdline)
     started_ts: float | None
     groups: dict[int, str] = field(default_factory=dict)  # verified service groups: pgid -> label
+    # an attached stack's services (drills/stack/attach.py): pid -> start ticks as found, and service ->
+    # the start command its stack file declared (the only command rollback may run to start it again)
+    attached: dict[int, str] = field(default_factory=dict)
+    attached_starts: dict[str, Any] = field(default_factory=dict)
 
     def inside(self, value: Any, *, follow: bool = True, roots: list[Path] | None = None) -> bool:
         """``value`` is an absolute path under one of the run's directories. ``follow``: symlinks
@@ -197,7 +201,14 @@ def run_state(run_dir: Path, history: History) -> RunState:
         if isinstance(e.data.get("name"), str):
             netns[e.data["name"]] = {**netns.get(e.data["name"], {}), **e.data, "_created": e.type == "netns.created"}
     started = history.first("run.started")
+    attached = {e.data["pid"]: e.data.get("start_ticks") for e in history.of_type("service.attached", "service.restarted_by_control")
+                if _pid(e.data.get("pid")) is not None}
+    prepared = history.first("stack.prepared")
+    declared = (prepared.data.get("stack") or {}).get("services") if prepared is not None else None
+    starts = {n: (s.get("control") or {}).get("start") for n, s in declared.items()
+              if isinstance(s, dict)} if isinstance(declared, dict) else {}
     return RunState(run_dir=run_dir, roots=roots, tags={str(run_dir), *linked}, netns=netns,
+                    attached=attached, attached_starts={n: v for n, v in starts.items() if v},
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -375,6 +386,11 @@ def _vet_network(rec: Any, state: RunState) -> str | None:
 def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dict[int, list[str]]) -> str | None:
     if not isinstance(rec, dict):
         return "undo is not an object"
+    if rec.get("action") == "start" and rec.get("attached"):
+        # the one command rollback runs: it must be the start command the attached stack file declared
+        want = state.attached_starts.get(str(rec.get("service")))
+        return None if want is not None and want == rec.get("start") else (
+            "the start command is not the one the run's stack file declared for this service: not run")
     if rec.get("action") != "cont":
         return None  # nothing is signalled: the undo only reports
     if rec.get("container_id"):
@@ -386,6 +402,8 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
         return f"pgid {str(pgid)[:60]!r} is not a process id"
     if pgid in state.groups or pgid in tagged:
         return None
+    if pgid in state.attached and state.attached[pgid] == start_ticks(pgid):
+        return None  # the attached service the run found (or started again), still the same process
     if stat_fields(pgid) is None:
         return None  # gone: the undo reports it and signals nothing
     argv = argv_of.get(pgid)

@@ -48,7 +48,6 @@ from drills.sse_http import SsePool
 from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
-from drills.stack.sandbox import SERVED_MODEL
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
 from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave
 from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry
@@ -238,7 +237,7 @@ class Runner:
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"),
                                 **({"image": image} if image else {}))
 
-        engine = EngineClient(self.stack.url("engine"), SERVED_MODEL, http, sse=SsePool(self.stack.url("engine")))
+        engine = EngineClient(self.stack.url("engine"), self.stack.served_model, http, sse=SsePool(self.stack.url("engine")))
         self._engine = engine  # a manual step's pause traffic (drills/gameday/traffic.py), the salted oracle
         self._http = http
         # the engine's tokenizer is the baseline's (same model files): prompts need no baseline engine
@@ -321,7 +320,7 @@ class Runner:
         tag = {"oracle_set": oracle_set} if oracle_set else {}
         judged: dict[int, list[int]] = {}
         if mode in ("baseline", "both"):
-            baseline = EngineClient(self.stack.url("baseline"), SERVED_MODEL, self._http,
+            baseline = EngineClient(self.stack.url("baseline"), self.stack.served_model, self._http,
                                     sse=SsePool(self.stack.url("baseline")))
             answers = await send_wave(baseline, prompts, sc.workload, self.journal, target="baseline", wave=1, **tag)
             failed = [r.request_id for r in answers if not r.ok]

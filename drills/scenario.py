@@ -44,7 +44,7 @@ OracleSource = Literal["salted", "baseline", "both"]
 # stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
 # LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
 # (LMCacheConnectorV1, the Mooncake stacks) ignores the salt (defect D13), so there the baseline judges.
-SALT_HONOURED = ("sandbox", "sandbox-docker")
+SALT_HONOURED = ("sandbox", "sandbox-docker", "attach")  # attach: an LMCache MP stack (stackfile.py)
 Action = Literal["clear_l1", "reset_prefix_cache", "restart_engine"]
 OnTimeout = Literal["abort", "continue"]
 
@@ -122,11 +122,14 @@ class MooncakeSpec(_Strict):
 
 
 class StackSpec(_Strict):
-    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-docker", "sandbox-docker-mooncake"] = Field(
-        "sandbox", description="which stack under compose/ runs the drill: sandbox (LMCache MP server, fs L2), "
+    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-docker", "sandbox-docker-mooncake", "attach"] = Field(
+        "sandbox", description="which stack runs the drill: sandbox (LMCache MP server, fs L2), "
                                "sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace), "
                                "sandbox-docker or sandbox-docker-mooncake (the same two as containers on "
-                               "kvdrill's own Docker engine)")
+                               "kvdrill's own Docker engine), attach (a stack you run, described by stack.file)")
+    file: str | None = Field(None, description="a stack file describing a stack you already run (see "
+                                               "compose/attach/my-stack.yaml); implies ref: attach. A relative "
+                                               "path is read from the scenario's directory")
     lmcache: LMCacheOptions = LMCacheOptions()
     engine: EngineOptions = EngineOptions()
     mooncake: MooncakeSpec = MooncakeSpec()
@@ -135,6 +138,20 @@ class StackSpec(_Strict):
     baseline: bool | None = Field(
         None, description="start the no-cache baseline vLLM (no KV connector, no prefix cache) beside the engine; "
                           "default: only when the scenario's oracle needs it (oracle: baseline or both)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _file_means_attach(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("file") is not None and "ref" not in data:
+            return {**data, "ref": "attach"}
+        return data
+
+    @model_validator(mode="after")
+    def _attach_has_file(self) -> StackSpec:
+        if (self.ref == "attach") != (self.file is not None):
+            raise ValueError("stack.ref: attach and stack.file go together: an attached stack is described by its "
+                             "stack file, and a built-in stack has none")
+        return self
 
 
 class ShareSpec(_Strict):
@@ -542,6 +559,10 @@ def parse_scenario(text: str, path: Path) -> LoadedScenario:
     problems += fault_problems
     if problems or scenario is None:
         raise ScenarioError(path, sorted(problems, key=lambda p: (p.line or 0, p.key)))
+    if scenario.stack.file is not None and not Path(scenario.stack.file).is_absolute():
+        # a stack file named by the scenario is found beside it, wherever kvdrill is run from
+        stack = scenario.stack.model_copy(update={"file": str((path.parent / scenario.stack.file).absolute())})
+        scenario = scenario.model_copy(update={"stack": stack})
     return LoadedScenario(path=path, scenario=scenario, fault_params=params, tree=data)
 
 

@@ -14,12 +14,13 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from drills.durations import Duration
-from drills.procstat import STATE, stat_fields
+from drills.procstat import PGRP, STATE, stat_fields
 from drills.stack.api import Capability
 from drills.stack.process import group_members, leader_runs
 from injectors.base import HealReport, InjectionError, Injector, Proof
@@ -85,13 +86,21 @@ def undo(record: dict[str, Any]) -> HealReport:
     rest of the stack anyway. Idempotent."""
     report = HealReport()
     action, service, pgid = record.get("action"), record.get("service"), record.get("pgid")
+    if action == "start" and record.get("attached") and isinstance(record.get("start"), dict):
+        return _start_attached(record, report)
     if action != "cont":
         why = "left down by the fault (the stack is stopped, not restarted)" if action == "start" else "nothing to undo"
         report.already_healed.append(f"{service}: {why}")
         return report
     if record.get("container_id"):
         return _undo_container(record, report)
-    members = group_members(pgid) if pgid else set()
+    leads = bool(pgid) and (fields := stat_fields(pgid)) is not None and int(fields[PGRP]) == pgid
+    if record.get("attached") and pgid and not leads:  # a service of the user's that leads no group: its tree
+        from drills.stack.attach import descendants
+
+        members = descendants(pgid)
+    else:
+        members = group_members(pgid) if pgid else set()
     if not members:
         report.already_healed.append(f"{service} group {pgid} is gone")
         return report
@@ -102,9 +111,50 @@ def undo(record: dict[str, Any]) -> HealReport:
         (report.failed if stopped else report.already_healed).append(
             why + (f", and pids {sorted(stopped)} of group {pgid} are still stopped (SIGSTOP)" if stopped else ""))
         return report
-    os.killpg(pgid, signal.SIGCONT)
+    if leads or not record.get("attached"):
+        os.killpg(pgid, signal.SIGCONT)
+    else:
+        for p in members:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     (report.undone if stopped else report.already_healed).append(
         f"SIGCONT to {service} group {pgid}" + (f" ({len(stopped)} stopped process(es))" if stopped else " (none was stopped)"))
+    return report
+
+
+def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
+    """A service of an attached stack that the fault left down is started again by its declared control
+    (the stack file's ``start``), unless it answers its health URL already (its supervisor restarted it),
+    and must then answer it within the declared deadline."""
+    import httpx
+
+    from drills.stack.attach import launch
+    from drills.stack.stackfile import ProcessControl
+
+    service, url = record.get("service"), str(record.get("health_url"))
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(url, timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    if healthy():
+        report.already_healed.append(f"{service} answers {url} (it runs again)")
+        return report
+    control = ProcessControl(pidfile=record.get("pidfile"), pid=None if record.get("pidfile") else 2,
+                             cmdline=record["start"]["argv"], start=record["start"])
+    popen = launch(str(service), control, Path(os.devnull), Path("/"))
+    deadline = time.monotonic() + float(record["start"].get("startup_deadline", 300))
+    while time.monotonic() < deadline and popen.poll() is None:
+        if healthy():
+            report.undone.append(f"started {service} again by its declared control (pid {popen.pid}), healthy")
+            return report
+        time.sleep(1)
+    report.failed.append(f"{service}: started again by its declared control (pid {popen.pid}), but "
+                         + ("it exited" if popen.poll() is not None else f"not healthy at {url} in time"))
     return report
 
 

@@ -70,6 +70,7 @@ class Stack(Protocol):
     journal: Journal
     cache_log: str
     with_baseline: bool
+    served_model: str  # the model name requests carry
     image: str | None  # the image every service runs, on a container stack
 
     def prepare(self) -> None: ...
@@ -135,13 +136,26 @@ def _entry_points() -> tuple[Any, ...]:
     return tuple(entry_points(group=ENTRY_POINT_GROUP))
 
 
+def example_spec(ref: str, **options: Any) -> StackSpec:
+    """A ``stack:`` for kind ``ref`` as the catalogue would write it; a kind whose services come from a
+    stack file (attach) gets its example file (``topology_file``), so its capabilities can be listed."""
+    from drills.scenario import StackSpec
+
+    file = str(stack_kind(ref).topology_file) if ref == "attach" else None
+    return StackSpec(ref=ref, **({"file": file} if file else {}), **options)
+
+
 def capability_gaps(spec: StackSpec, injector: str, params: BaseModel) -> list[str]:
     """Why the scenario's stack cannot carry one fault, a sentence per capability it lacks (empty: it can)."""
     from injectors.base import registry
 
-    offered = stack_kind(spec.ref).capabilities(spec)
-    return [f"stack {spec.ref} cannot `{cap}` ({cap.means}): {offered[cap]}"
+    kind = stack_kind(spec.ref)
+    offered = kind.capabilities(spec)
+    gaps = [f"stack {spec.ref} cannot `{cap}` ({cap.means}): {offered[cap]}"
             for cap in registry()[injector].requires(params) if offered[cap] is not None]
+    # a kind whose services are declared per stack (attach) also says what one fault asks of one service
+    per_fault = getattr(kind, "fault_problems", None)
+    return gaps or (per_fault(spec, injector, params) if per_fault is not None else [])
 
 
 def capability_problems(spec: StackSpec, faults: Iterable[tuple[int, FaultSpec, BaseModel]]) -> list[str]:

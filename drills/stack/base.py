@@ -26,6 +26,7 @@ from drills.stack.process import ProcessDriver, ServiceSpec, StackError
 APC_RESET_DEADLINE_S = 30.0
 
 
+SERVED_MODEL = "smollm2"  # the name kvdrill's own stacks serve the model under (--served-model-name)
 TOXIPROXY_TOKEN = "toxiproxy.token"  # beside toxiproxy.json in the run's stack (or config) directory
 
 
@@ -34,6 +35,7 @@ class ProcessStack:
     # the Toxiproxy server's RNG seed (toxicity, jitter); the runner sets it from the scenario seed
     # before prepare(), so the same scenario and seed draw the same connections
     toxiproxy_seed: int = 0
+    served_model: str = SERVED_MODEL  # what requests name as `model` (an attached stack: its stack file's)
     cache_log: str = ""  # the service log that carries the cache's own Stored/Retrieved lines
     # what the "up" and "warm" phases say they do on this topology (the progress line and the journal)
     starts: str = "vLLM engine and baseline vLLM"

@@ -31,7 +31,7 @@ from drills.observe.lmcache_status import leak_counts
 from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
 from drills.scenario import StackSpec
 from drills.stack.api import Capability
-from drills.stack.base import TOXIPROXY_TOKEN, ProcessStack
+from drills.stack.base import SERVED_MODEL, TOXIPROXY_TOKEN, ProcessStack
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
@@ -40,7 +40,6 @@ from drills.triggers import StoreProbe
 COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox" / "stack.yaml"
 PROBE = Path(__file__).with_name("lmcache_probe.py")
 PATCH_DIR = Path(__file__).with_name("lmcache_patches")
-SERVED_MODEL = "smollm2"
 HASH_ALGORITHM = "blake3"  # the MP server's default (--hash-algorithm), observed in /status
 
 
@@ -138,6 +137,7 @@ class ChunkFile:
 class SandboxStack(ProcessStack):
     ref = "sandbox"
     cache_log = "lmcache.log"
+    hash_algorithm = HASH_ALGORITHM  # the server's --hash-algorithm: chunk keys are computed with it
     starts = "LMCache server, vLLM engine and baseline vLLM"
     warms = "LMCache L1 and its L2 directory"
     # known before the stack starts (the dry run plans against them; a unit test keeps them in step with
@@ -432,7 +432,7 @@ class SandboxStack(ProcessStack):
 
     def _run_hasher(self, token_lists: list[list[int]]) -> list[list[str]]:
         proc = subprocess.run(
-            [str(stack_python()), str(PROBE), "chunk-hashes", str(self.options.lmcache.chunk_size), HASH_ALGORITHM],
+            [str(stack_python()), str(PROBE), "chunk-hashes", str(self.options.lmcache.chunk_size), self.hash_algorithm],
             input=json.dumps({"prompts": token_lists}), capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise StackError(f"LMCache token hasher failed: {proc.stderr[-2000:]}")

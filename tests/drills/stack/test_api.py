@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from drills.cli import app
 from drills.scenario import StackSpec, parse_scenario
-from drills.stack.api import Capability, capability_gaps, capability_problems, stack_kind, stack_refs
+from drills.stack.api import Capability, capability_gaps, capability_problems, example_spec, stack_kind, stack_refs
 from injectors.base import registry
 
 REPO = Path(__file__).resolve().parents[3]
@@ -30,7 +30,7 @@ def test_the_registry_holds_exactly_the_kinds_a_scenario_may_name():
 @pytest.mark.parametrize("ref", stack_refs())
 @pytest.mark.parametrize("options", [{}, L2_FS], ids=["plain", "l2_fs"])
 def test_every_kind_answers_for_every_capability_and_gives_a_reason_for_each_gap(ref, options):
-    offered = stack_kind(ref).capabilities(StackSpec(ref=ref, **options))
+    offered = stack_kind(ref).capabilities(example_spec(ref, **options))
     assert set(offered) == set(Capability)
     assert offered[Capability.SIGNAL] is None  # every kind kvdrill runs can signal its services
     for cap, why in offered.items():
@@ -127,7 +127,7 @@ def test_every_kind_builds_from_the_scenario_spec_and_is_a_stack(ref, tmp_path):
     from drills.journal import Journal
     from drills.stack.api import Stack
 
-    stack = stack_kind(ref).from_spec(StackSpec(ref=ref, baseline=False), tmp_path / "run", Journal(tmp_path),
+    stack = stack_kind(ref).from_spec(example_spec(ref, baseline=False), tmp_path / "run", Journal(tmp_path),
                                       httpx.AsyncClient())
     assert isinstance(stack, Stack) and type(stack).ref == ref and stack.with_baseline is False
     assert stack_kind(ref).topology_file.is_file()

@@ -1,0 +1,459 @@
+"""``attach``: drill a stack kvdrill did not start, described by a stack file (``drills/stack/stackfile.py``).
+
+The runtime is the user's. kvdrill starts nothing and stops nothing on its own account: ``up`` finds
+every declared service (by URL, and by pid with its exact command line where a control is declared)
+and checks it is healthy; ``down`` stops nothing and checks the stack is as it was found. A fault that
+stops a service is healed by starting it again with the service's declared ``start`` command and
+waiting until it is healthy; where no such command is declared, the fault is refused before anything
+is injected (:meth:`AttachedStack.fault_problems`), because nothing could return the stack to the state
+it was found in. A service kvdrill started again is journaled as ``service.restarted_by_control``, never
+``service.started``, and does not carry the run tag: ``kvdrill rollback`` never stops it, it belongs to
+the user's stack.
+
+The only topology attachable today is an LMCache MP server with an fs L2 and vLLM engines with
+``LMCacheMPConnector`` (the sandbox's shape), so everything that reads LMCache (its /status, its chunk
+keys, the L2 files) is the sandbox's, pointed at the declared URLs and paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+
+from drills.inputs import InputFileError, read_limited
+from drills.isolation import Owned
+from drills.journal import Journal
+from drills.procstat import PGRP, PPID, start_ticks, stat_fields
+from drills.scenario import StackSpec
+from drills.stack.api import Capability
+from drills.stack.process import (
+    ServiceDriver,
+    ServiceSpec,
+    StackError,
+    _alive,
+    group_members,
+    leader_runs,
+    remove_shm_of,
+    terminate_group,
+)
+from drills.stack.sandbox import SandboxStack
+from drills.stack.stackfile import ProcessControl, StackFile, is_loopback, load_stack_file
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "compose" / "attach" / "my-stack.yaml"
+LEAVES_DOWN = ("term", "kill", "restart")  # process actions that need the service started again
+
+
+def read_pid(control: ProcessControl) -> int:
+    if control.pid is not None:
+        return control.pid
+    try:
+        text = read_limited(Path(control.pidfile or ""), 64, "pidfile", follow=True).decode().strip()
+    except (InputFileError, UnicodeDecodeError) as exc:
+        raise StackError(f"cannot read pidfile {control.pidfile}: {exc}") from exc
+    if not text.isdigit() or int(text) < 2:
+        raise StackError(f"pidfile {control.pidfile} holds {text[:20]!r}, not a pid")
+    return int(text)
+
+
+def cmdline_of(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every live process below it (read from /proc: a service's workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = stat_fields(stat.parent.name)
+        if fields:
+            children.setdefault(int(fields[PPID]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in found and _alive(p, None):
+            found.add(p)
+            todo += children.get(p, [])
+    return found
+
+
+class PidWatch:
+    """What the drivers read from ``Popen`` (poll, wait, returncode), for a process kvdrill did not start:
+    it cannot be reaped here, so it has exited when /proc no longer shows it running (a zombie counts)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive(self.pid, None):
+            self.returncode = -1  # not our child: its exit status is its parent's to read
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.returncode
+
+
+@dataclass
+class AttachedService:
+    """A declared service kvdrill found running (or started again by its declared control)."""
+
+    spec: ServiceSpec
+    popen: Any  # PidWatch, or Popen when kvdrill started it again
+    log_path: Path
+    generation: int
+    started_at: float
+    control: ProcessControl
+    start_ticks: str | None = None
+    ready_s: float | None = None
+    members: set[int] = field(default_factory=set)
+    stopping: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def leads_group(self) -> bool:
+        fields = stat_fields(self.pid)
+        return bool(fields) and int(fields[PGRP]) == self.pid
+
+    def group(self) -> set[int]:
+        """Its process group when it leads one (a supervisor's or setsid's service), else its process tree:
+        never the group of a shell that happens to have started it."""
+        return group_members(self.pid) if self.leads_group else descendants(self.pid)
+
+    def signal(self, sig: int) -> None:
+        if self.leads_group:
+            os.killpg(self.pid, sig)
+            return
+        members = self.group()
+        if not members:
+            raise ProcessLookupError(self.pid)
+        for p in members:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+
+    def undo_target(self) -> dict[str, Any]:
+        """What rollback needs to start it again after kvdrill died mid-fault (injectors/process.py undo)."""
+        start = self.control.start
+        return {"attached": True, "start_ticks": self.start_ticks, "health_url": self.spec.health_url,
+                **({"start": start.model_dump(mode="json"), "pidfile": self.control.pidfile} if start else {})}
+
+
+def launch(name: str, control: ProcessControl, log_path: Path, cwd: Path) -> subprocess.Popen:
+    """Start a declared service again, as its own session, without the run tag (it is the user's)."""
+    start = control.start
+    assert start is not None
+    log = Path(start.log) if start.log else log_path
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        fh.write(f"\n===== kvdrill: started {name} again by its declared control at {time.time():.3f} =====\n".encode())
+        popen = subprocess.Popen(start.argv, env={**os.environ, **start.env}, stdout=fh, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=start.cwd or cwd)
+    if control.pidfile:  # the next attach (and the user's own tools) find the process that runs now
+        Path(control.pidfile).write_text(f"{popen.pid}\n")
+    return popen
+
+
+class AttachDriver(ServiceDriver):
+    """Services found, not started: ``attach`` checks a declared pid, ``_launch`` starts a service again by
+    its declared control (only ever after a fault stopped it), and ``stop_all`` stops nothing."""
+
+    def __init__(self, log_dir: Path, journal: Journal, stack: StackFile) -> None:
+        super().__init__(log_dir, journal)
+        self.stack_file = stack
+
+    def attach(self, name: str, health_url: str) -> AttachedService:
+        control = self.stack_file.services[name].control  # type: ignore[index]
+        assert control is not None
+        pid = read_pid(control)
+        actual = cmdline_of(pid)
+        if actual is None:
+            raise StackError(f"{name}: pid {pid} does not run (the stack file's control names it)")
+        if not leader_runs(pid, control.cmdline) or len(actual) != len(control.cmdline):
+            raise StackError(f"{name}: pid {pid} runs {actual}, not the command line the stack file declares "
+                             f"({control.cmdline}); refusing to touch it (update cmdline: if the service was "
+                             "restarted with other flags)")
+        spec = ServiceSpec(name=name, argv=list(control.cmdline), env={}, health_url=health_url,
+                           startup_deadline=control.start.startup_deadline if control.start else 300.0)
+        svc = AttachedService(spec=spec, popen=PidWatch(pid), log_path=self._log_path(name), generation=0,
+                              started_at=time.monotonic(), control=control, start_ticks=start_ticks(pid))
+        svc.members = svc.group()
+        self.services[name] = svc
+        self.journal.append("service.attached", service=name, pid=pid, cmdline=actual, start_ticks=svc.start_ticks,
+                            leads_group=svc.leads_group, members=sorted(svc.members), health=health_url)
+        return svc
+
+    def _log_path(self, name: str) -> Path:
+        declared = self.stack_file.services[name].log  # type: ignore[index]
+        return Path(declared) if declared else self.log_dir / f"{name}.log"
+
+    async def _launch(self, spec: ServiceSpec) -> AttachedService:
+        control = self.stack_file.services[spec.name].control  # type: ignore[index]
+        if control is None or control.start is None:
+            raise StackError(f"{spec.name} has no start command in the stack file: kvdrill cannot start it again")
+        gen = self._next_generation(spec.name)
+        popen = await asyncio.to_thread(launch, spec.name, control, self._log_path(spec.name), self.log_dir)
+        svc = AttachedService(spec=spec, popen=popen, log_path=self._log_path(spec.name), generation=gen,
+                              started_at=time.monotonic(), control=control, start_ticks=start_ticks(popen.pid))
+        self.services[spec.name] = svc
+        self.journal.append("service.restarted_by_control", service=spec.name, pid=popen.pid, generation=gen,
+                            argv=control.start.argv, pidfile=control.pidfile, start_ticks=svc.start_ticks)
+        return svc
+
+    async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        """Stop one attached service (a fault's restart asked for it): its group or tree, SIGKILL after grace."""
+        svc = self.services.get(name)
+        if svc is None:
+            return
+        svc.stopping = True
+        members = svc.members | svc.group() | {svc.pid}
+        if svc.leads_group:
+            sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
+        else:
+            sent = [signal.Signals(sig).name]
+            svc.signal(sig)
+            deadline = time.monotonic() + grace
+            while svc.group() and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if svc.group():
+                sent.append("SIGKILL")
+                svc.signal(signal.SIGKILL)
+        await asyncio.to_thread(svc.popen.wait, 30)
+        cleaned = remove_shm_of(members, self.shm_before)
+        del self.services[name]
+        self.journal.append("service.stopped", service=name, pid=svc.pid, generation=svc.generation, signals=sent,
+                            returncode=svc.popen.returncode, group=sorted(members), shm_segments_left_behind=cleaned,
+                            attached=True)
+
+    async def stop_all(self) -> None:
+        """Nothing: the user's services stay as they run."""
+
+
+class AttachedStack(SandboxStack):
+    ref = "attach"
+    starts = "nothing: attaching to the stack file's services"
+    warms = "the attached LMCache's L1 and L2"
+    topology_file = EXAMPLE
+    proxy_names: ClassVar[tuple[str, ...]] = ()  # per stack file: see proxies_of
+    kernel_links: ClassVar[tuple[str, ...]] = ()
+    creates_netns: ClassVar[bool] = False
+    netns_plan: ClassVar[str | None] = None
+    repairable = False  # its cache server and engine are the user's: never restarted to clean up after a drill
+
+    def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        self.stack_file = load_stack_file(options.file or "")
+        lm = self.stack_file.services["lmcache"]
+        # the chunk keys kvdrill computes must be the server's: its chunk size and hash algorithm
+        options = options.model_copy(update={"lmcache": options.lmcache.model_copy(update={"chunk_size": lm.chunk_size})})
+        super().__init__(options, run_dir, journal, http)
+        self.driver = AttachDriver(self.run_dir / "logs", journal, self.stack_file)
+        self.hash_algorithm = lm.hash_algorithm
+        self.served_model = self.stack_file.served_model
+        self.l2_dir = self.stack_file.l2_dir or self.run_dir / "stack" / "no-l2"
+        self.with_baseline = "baseline" in self.stack_file.services
+        self.ports = {}
+        self.found: dict[str, dict[str, Any]] = {}  # what up() found: compared with the state at down()
+        tp = self.stack_file.services.get("toxiproxy")
+        self.toxiproxy_token_file = Path(tp.token_file) if tp is not None and tp.token_file else None
+        self._proxies: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_spec(cls, spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> AttachedStack:
+        return cls(spec, run_dir, journal, http)
+
+    # --- what is known before anything is touched -----------------------------------------------------
+
+    @classmethod
+    def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
+        return load_stack_file(spec.file or "").l2_dir, None
+
+    @classmethod
+    def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
+        f = load_stack_file(spec.file or "")
+        controlled = [n for n, s in f.services.items() if s.control is not None]
+        return {
+            Capability.SIGNAL: None if controlled else
+            "every service is attached by URL only; declare a `control:` (pid or pidfile, and cmdline) for it",
+            Capability.CHUNK_FILES: None if f.l2_dir is not None else
+            "its lmcache service declares no L2; add `l2: {adapter: fs, path: ...}` to it",
+            Capability.PROXIED_LINKS: None if "toxiproxy" in f.services else
+            "it declares no toxiproxy service carrying a link",
+            Capability.NAMESPACE_LINKS: "an attached stack lives in no network namespace kvdrill created; use "
+                                        "backend: toxiproxy with a proxy the stack file declares",
+            Capability.RUN_FILESYSTEM: "its L2 is on the user's filesystem, which kvdrill never fills, remounts or "
+                                       "fails",
+            Capability.WEIGHT_SWAP: "its engine's model files are the user's; kvdrill swaps weights only in a "
+                                    "model directory it made",
+            Capability.STORE_MASTER: "it runs no Mooncake store (topology lmcache-mp)",
+        }
+
+    @classmethod
+    def proxies_of(cls, spec: StackSpec) -> tuple[str, ...]:
+        tp = load_stack_file(spec.file or "").services.get("toxiproxy")
+        return tuple(tp.proxies) if tp is not None else ()
+
+    @classmethod
+    def fault_problems(cls, spec: StackSpec, injector: str, params: Any) -> list[str]:
+        """Why one fault cannot run on this stack file's services, beyond the capabilities: a service it
+        does not declare, one reached by URL only, or one that would stay down (no start command)."""
+        f = load_stack_file(spec.file or "")
+        name = getattr(params, "service", None)
+        if injector != "process" or name is None:
+            return []
+        where = f"stack {f.name} ({spec.file})"
+        svc = f.services.get(name)
+        if svc is None:
+            return [f"{where} has no service {name!r}; it declares: {', '.join(f.services)}"]
+        action = {"stop": "freeze", "cont": "thaw"}.get(params.action, params.action)
+        if svc.control is None:
+            return [f"{where} cannot `{action}` service `{name}`: it is attached by URL only; declare a `control:` "
+                    "(pid or pidfile, and cmdline) for it"]
+        if params.action in LEAVES_DOWN and svc.control.start is None:
+            return [f"{where} cannot `{action}` service `{name}`: nothing could start it again (the heal must leave "
+                    f"the stack as it was found); declare `control.start` for it"]
+        return []
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Nothing is laid out on the user's side: the journal records which stack file this run attached."""
+        self.run_dir.joinpath("stack").mkdir(parents=True, exist_ok=True)
+        self.specs = {name: ServiceSpec(name=name, argv=list(s.control.cmdline) if s.control else [], env={},
+                                        health_url=self.stack_file.health_url(name), startup_deadline=300.0)
+                      for name, s in self.stack_file.services.items()}
+        self.journal.append("stack.prepared", ref=self.ref, stack_file=str(self.options.file),
+                            stack=self.stack_file.model_dump(mode="json"), l2_dir=str(self.l2_dir))
+
+    async def up(self) -> None:
+        """Find every declared service, check its pid runs the declared command line and that it is healthy."""
+        if not self.specs:
+            self.prepare()
+        problems: dict[str, str] = {}
+        for name, s in self.stack_file.services.items():
+            if s.control is not None:
+                try:
+                    self.driver.attach(name, self.stack_file.health_url(name))
+                except StackError as exc:
+                    problems[name] = str(exc)
+                    continue
+            problems |= await self._health(name)
+        if problems:
+            raise StackError("the attached stack is not as its stack file says: " +
+                             "; ".join(f"{n}: {why}" for n, why in problems.items()))
+        self._link_logs()
+        self._proxies = await self._read_proxies()
+        self.found = await self.state_now()
+        self.journal.append("stack.attached", stack=self.stack_file.name, found=self.found)
+
+    async def _health(self, name: str) -> dict[str, str]:
+        url = self.stack_file.health_url(name)
+        try:
+            r = await self.http.get(url, timeout=10)
+            return {} if r.status_code == 200 else {name: f"health {url} answered {r.status_code}"}
+        except httpx.HTTPError as exc:
+            return {name: f"health {url}: {type(exc).__name__}: {exc}"}
+
+    def _link_logs(self) -> None:
+        """The declared logs, under the run's logs/ (symlinks), where reports and the log checks look."""
+        for name, s in self.stack_file.services.items():
+            if s.log:
+                link = self.driver.log_dir / f"{name}.log"
+                if not link.exists() and not link.is_symlink():
+                    link.symlink_to(Path(s.log))
+
+    async def _read_proxies(self) -> list[dict[str, Any]]:
+        if "toxiproxy" not in self.stack_file.services:
+            return []
+        from drills.toxiproxy import ToxiproxyClient
+
+        async with ToxiproxyClient(self.url("toxiproxy"), token=self.toxiproxy_token()) as tp:
+            proxies = await tp.proxies()
+        declared = self.stack_file.services["toxiproxy"].proxies
+        missing = sorted(set(declared) - set(proxies))
+        if missing:
+            raise StackError(f"toxiproxy at {self.url('toxiproxy')} has no proxy {missing}; it has "
+                             f"{', '.join(sorted(proxies)) or '(none)'}")
+        return [{"name": p.name, "listen": p.listen, "upstream": p.upstream, "enabled": p.enabled,
+                 "toxics": [t.name for t in p.toxics]} for n, p in proxies.items() if n in declared]
+
+    async def state_now(self) -> dict[str, dict[str, Any]]:
+        """Per service: healthy or why not, and its pid; per declared proxy: enabled and its toxics."""
+        state: dict[str, dict[str, Any]] = {}
+        for name in self.stack_file.services:
+            why = (await self._health(name)).get(name)
+            svc = self.driver.services.get(name)
+            state[name] = {"healthy": why is None, **({"why": why} if why else {}),
+                           **({"pid": svc.pid, "running": svc.alive} if svc is not None else {})}
+        for p in (await self._read_proxies() if self._proxies else []):
+            state[f"proxy {p['name']}"] = {"enabled": p["enabled"], "toxics": p["toxics"]}
+        return state
+
+    async def down(self) -> None:
+        """Stop nothing; say whether the stack is as it was found (healthy services, proxies without the
+        run's toxics, the same pids unless a fault's heal started a service again)."""
+        self._close_store_probe()
+        try:
+            now = await self.state_now()
+        except Exception as exc:  # noqa: BLE001 - the comparison is evidence; a proxy gone is reported, not raised
+            now = {"error": {"why": f"{type(exc).__name__}: {exc}"}}
+        differs = {k: {"found": self.found.get(k), "left": v} for k, v in now.items()
+                   if _comparable(self.found.get(k)) != _comparable(v)}
+        self.journal.append("stack.left_as_found", same=not differs, differs=differs,
+                            restarted={n: s.pid for n, s in self.driver.services.items() if s.generation > 0})
+
+    def url(self, name: str) -> str:
+        if name not in self.stack_file.services:
+            raise StackError(f"the stack file declares no {name} service")
+        return self.stack_file.services[name].url  # type: ignore[index]
+
+    @property
+    def proxies(self) -> list[dict[str, Any]]:
+        return self._proxies
+
+    def owned(self) -> Owned:
+        """The stack file is the isolation declaration: its L2 directory, its controlled processes (as they
+        run now), and the run's own directory."""
+        dirs = [self.run_dir, *([self.stack_file.l2_dir] if self.stack_file.l2_dir else [])]
+        return Owned(dirs=dirs, pgids={svc.pid for svc in self.driver.services.values()})
+
+    async def reset_for_reuse(self) -> dict[str, Any]:
+        return {}  # the user's L1 and L2 are not emptied between drills
+
+    async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0, clear_l1: bool = True) -> dict[str, Any]:
+        """The oracle's salted L2 files go (the run wrote them); the user's L1 is never cleared for it."""
+        return await super().drop_salted(salt_prefix, deadline_s, clear_l1=False)
+
+
+def _comparable(state: dict[str, Any] | None) -> Any:
+    """A service's state without the pid (a heal that started it again gives a new one) and why text."""
+    if state is None:
+        return None
+    return {k: v for k, v in state.items() if k not in ("pid", "why")}
+
+
+def remote_hosts(spec: StackSpec) -> list[str]:
+    return load_stack_file(spec.file or "").remote_hosts() if spec.file else []
+
+
+__all__ = ["AttachedStack", "is_loopback", "remote_hosts"]

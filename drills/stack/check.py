@@ -1,0 +1,124 @@
+"""``kvdrill stack check FILE``: before a drill on a stack you run, reach every service the stack file
+declares, check every declared control, record what runs (vLLM's /version, the served model, LMCache's
+/status), say which oracle a drill will use and why, and which fault families and process actions this
+stack can carry (and why not). Nothing is changed on the stack: only GETs and /proc reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from drills.isolation import IsolationPolicy, Owned
+from drills.stack.api import Capability
+from drills.stack.stackfile import StackFile, is_loopback
+
+
+@dataclass
+class CheckResult:
+    file: str
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    oracle: dict[str, str] = field(default_factory=dict)
+    faults: dict[str, str] = field(default_factory=dict)  # family or "process <action> <service>" -> yes / why not
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "ok": self.ok, "problems": self.problems, "services": self.services,
+                "oracle": self.oracle, "faults": self.faults}
+
+
+async def _get(http: httpx.AsyncClient, url: str) -> tuple[int | None, Any, str | None]:
+    try:
+        r = await http.get(url, timeout=10)
+    except httpx.HTTPError as exc:
+        return None, None, f"{type(exc).__name__}: {exc}"
+    try:
+        body: Any = r.json()
+    except ValueError:
+        body = r.text[:200]
+    return r.status_code, body, None
+
+
+async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ...] = ()) -> CheckResult:
+    from drills.stack.attach import AttachedStack, cmdline_of, read_pid
+    from drills.stack.process import StackError
+    from injectors.base import registry
+
+    result = CheckResult(file=str(path))
+    policy = IsolationPolicy(owned=Owned(), scenario_hosts=frozenset(stack.remote_hosts()),
+                             flag_hosts=frozenset(allow_targets))
+    for name, svc in stack.services.items():
+        if (refusal := policy.check_url(svc.url, f"services.{name}.url")) is not None:
+            result.problems.append(refusal.render())
+    if result.problems:
+        return result  # an outside host is not contacted until the operator allows it
+    async with httpx.AsyncClient() as http:
+        for name, svc in stack.services.items():
+            seen: dict[str, Any] = {"url": svc.url, "local": is_loopback(svc.host)}
+            health = stack.health_url(name)
+            code, _, err = await _get(http, health)
+            seen["health"] = err or code
+            if code != 200:
+                result.problems.append(f"{name}: health {health} " + (err or f"answered {code}"))
+            if name in ("engine", "baseline") and code == 200:
+                seen["version"] = (await _get(http, svc.url + "/version"))[1]
+                _, models, _ = await _get(http, svc.url + "/v1/models")
+                served = [m for m in (models or {}).get("data", []) if isinstance(m, dict)]
+                seen["models"] = [{k: m.get(k) for k in ("id", "root", "max_model_len")} for m in served]
+                if stack.served_model not in [m.get("id") for m in served]:
+                    result.problems.append(f"{name}: serves {[m.get('id') for m in served]}, not served_model "
+                                           f"{stack.served_model!r}")
+            if name == "lmcache" and code == 200:
+                status_code, status, err = await _get(http, svc.url + "/status")
+                seen["status"] = {k: status.get(k) for k in list(status)[:12]} if isinstance(status, dict) else err
+            if name == "toxiproxy" and code == 200:
+                _, proxies, _ = await _get(http, svc.url + "/proxies")
+                seen["proxies"] = sorted(proxies) if isinstance(proxies, dict) else proxies
+                missing = sorted(set(svc.proxies) - set(seen["proxies"] or []))
+                if missing:
+                    result.problems.append(f"toxiproxy: no proxy {missing} (it has {seen['proxies']})")
+            if svc.control is not None:
+                try:
+                    pid = read_pid(svc.control)
+                    actual = cmdline_of(pid)
+                    seen["pid"] = pid
+                    if actual != list(svc.control.cmdline):
+                        result.problems.append(f"{name}: pid {pid} runs {actual}, not the declared cmdline "
+                                               f"{list(svc.control.cmdline)}")
+                except StackError as exc:
+                    result.problems.append(f"{name}: {exc}")
+                seen["control"] = "pid and cmdline" + (", start command" if svc.control.start else ", no start command")
+            else:
+                seen["control"] = "URL only"
+            result.services[name] = seen
+    l2 = stack.l2_dir
+    if l2 is not None and not l2.is_dir():
+        result.problems.append(f"lmcache: l2 path {l2} is not a directory on this host")
+    result.oracle = ({"mode": "salted", "why": "an LMCache MP server keys and counts lookups by cache_salt, so the "
+                      "engine's own answer with a fresh salt is a proven-cold reference"}
+                     | ({"also": "baseline: the stack file declares one (oracle: baseline or both)"}
+                        if "baseline" in stack.services else {}))
+    from drills.scenario import StackSpec
+
+    spec = StackSpec(ref="attach", file=str(path.absolute()))
+    caps = AttachedStack.capabilities(spec)
+    for family, cls in sorted(registry().items()):
+        if family == "process":
+            continue
+        needs = (Capability.PROXIED_LINKS,) if family == "network" else cls.needs
+        gaps = [f"{c}: {caps[c]}" for c in needs if caps[c] is not None]
+        result.faults[family + (" (toxiproxy backend)" if family == "network" else "")] = "yes" if not gaps else \
+            "no: " + "; ".join(gaps)
+    params = registry()["process"].Params
+    for name in stack.services:
+        for action in ("stop", "term", "kill", "restart"):
+            why = AttachedStack.fault_problems(spec, "process", params(service=name, action=action))
+            result.faults[f"process {action} {name}"] = "yes" if not why else "no: " + why[0].split(": ", 1)[-1]
+    return result

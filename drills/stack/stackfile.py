@@ -1,0 +1,203 @@
+"""The stack file a user writes to drill a stack kvdrill did not start (``--stack my-stack.yaml`` or
+``stack: {file: my-stack.yaml}`` in a scenario): which services it has, how each is reached, where its
+logs and L2 are, and how kvdrill may control it.
+
+The file is also the isolation declaration for that stack: a process, path, proxy or host a fault
+touches must be one this file declares (``drills/isolation.py`` gets them from :meth:`StackFile.owned`).
+It is validated like a scenario: every mistake with its file, line and the allowed values.
+
+A service's name is its role, because scenarios address services by role (``process: {service:
+engine}``, the ``restart_engine`` action, the salted oracle's engine): ``engine`` (vLLM with LMCache's
+MP connector), ``lmcache`` (the LMCache MP server), ``baseline`` (an optional cache-less vLLM of the same
+model) and ``toxiproxy`` (a Toxiproxy in the user's topology that carries the engine -> LMCache link).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from drills.durations import Duration
+from drills.inputs import MAX_SCENARIO_BYTES, InputFileError, read_limited
+
+Role = Literal["engine", "lmcache", "baseline", "toxiproxy"]
+HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version"}
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StartSpec(_Strict):
+    """How the service is started again after a fault stopped it (the heal of a kill or term, and of a
+    restart). Without it, kvdrill refuses every fault that leaves the service down: it could not return
+    the stack to the state it found it in."""
+
+    argv: list[str] = Field(min_length=1, description="the command, as the service's supervisor runs it")
+    cwd: str | None = Field(None, description="working directory (default: the run directory)")
+    env: dict[str, str] = Field(default_factory=dict, description="added to kvdrill's environment")
+    log: str | None = Field(None, description="file the new process appends its output to (default: the run's "
+                                              "logs/<service>.log)")
+    startup_deadline: Duration = Field(300.0, description="how long it may take to answer its health URL again")
+
+
+class ProcessControl(_Strict):
+    """A process on this host that kvdrill may signal: an exact pid (or a pidfile naming it) and the exact
+    command line it runs, so a recycled pid or a process restarted with other flags is refused."""
+
+    pid: int | None = Field(None, ge=2, description="the service's main pid (the leader of its process group, or "
+                                                    "the root of its process tree)")
+    pidfile: str | None = Field(None, description="a file holding the pid (read at attach; rewritten with the new "
+                                                  "pid when kvdrill starts the service again)")
+    cmdline: list[str] = Field(min_length=1, description="exactly /proc/PID/cmdline, one list item per argument")
+    start: StartSpec | None = Field(None, description="how to start it again; without it, only faults that leave "
+                                                      "it running (stop/cont, network, KV) may target it")
+
+    @model_validator(mode="after")
+    def _one_pid(self) -> ProcessControl:
+        if (self.pid is None) == (self.pidfile is None):
+            raise ValueError("give exactly one of pid: or pidfile:")
+        return self
+
+
+class L2Spec(_Strict):
+    adapter: Literal["fs"] = Field("fs", description="the LMCache MP server's L2 adapter (fs: one file per chunk)")
+    path: str = Field(description="the adapter's base_path on this host")
+
+
+class Service(_Strict):
+    url: str = Field(description="base URL of its HTTP API, e.g. http://127.0.0.1:8000 (the LMCache server's "
+                                 "HTTP port, not its ZMQ port)")
+    health: str | None = Field(None, description="health path (default: /health for vLLM, /healthcheck for "
+                                                 "LMCache, /version for Toxiproxy)")
+    metrics: str | None = Field("/metrics", description="Prometheus metrics path (null: none)")
+    log: str | None = Field(None, description="a file its output goes to (evidence in reports)")
+    control: ProcessControl | None = Field(None, description="how kvdrill may signal it; omitted: reached by URL "
+                                                             "only (no process faults on it)")
+    # lmcache only
+    l2: L2Spec | None = Field(None, description="lmcache only: its L2, where kv_corrupt finds chunks by prompt")
+    chunk_size: int = Field(256, ge=1, le=65536, description="lmcache only: its --chunk-size")
+    hash_algorithm: Literal["blake3", "sha256_cbor", "builtin"] = Field(
+        "blake3", description="lmcache only: its --hash-algorithm (how chunk keys are computed)")
+    # toxiproxy only
+    proxies: dict[str, str] = Field(default_factory=dict, description="toxiproxy only: proxy name -> the link it "
+                                                                       "carries (e.g. lmcache: engine -> lmcache)")
+    token_file: str | None = Field(None, description="toxiproxy only: kvdrill's own Toxiproxy server asks for an "
+                                                     "API token; the real Toxiproxy does not")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError("expected a base URL such as http://127.0.0.1:8000 (scheme, host and port, no path)")
+        return v.rstrip("/")
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+
+class StackFile(_Strict):
+    version: Literal[1] = Field(1, description="stack file format version")
+    name: str = Field(description="what the stack is called in reports (lowercase letters, digits, . _ -)")
+    description: str = ""
+    topology: Literal["lmcache-mp"] = Field(
+        "lmcache-mp", description="the KV shape: lmcache-mp (vLLM with LMCacheMPConnector and an LMCache MP "
+                                  "server with an fs L2); other shapes are not attachable yet")
+    served_model: str = Field(description="the model name the engine serves (its --served-model-name)")
+    model_path: str | None = Field(None, description="the engine's model directory on this host (its weights' "
+                                                     "digest goes into the versions manifest)")
+    services: dict[Role, Service] = Field(description="engine and lmcache are required; baseline and toxiproxy "
+                                                      "are optional")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("expected lowercase letters, digits, '.', '_' or '-' (at most 63)")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> StackFile:
+        missing = [r for r in ("engine", "lmcache") if r not in self.services]
+        if missing:
+            raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has an engine and "
+                             "an lmcache server")
+        for role, svc in self.services.items():
+            if role != "lmcache" and svc.l2 is not None:
+                raise ValueError(f"services.{role}.l2: only the lmcache service has an L2")
+            if role != "toxiproxy" and (svc.proxies or svc.token_file):
+                raise ValueError(f"services.{role}: proxies and token_file belong to the toxiproxy service")
+            if svc.control is not None and not is_loopback(svc.host):
+                raise ValueError(f"services.{role}: a pid control means a process on this host, but its url names "
+                                 f"{svc.host}")
+        if "toxiproxy" in self.services and not self.services["toxiproxy"].proxies:
+            raise ValueError("services.toxiproxy.proxies: name at least one proxy and the link it carries")
+        return self
+
+    def health_url(self, role: str) -> str:
+        svc = self.services[role]  # type: ignore[index]
+        return svc.url + (svc.health or HEALTH[role])
+
+    def remote_hosts(self) -> list[str]:
+        """Hosts of the declared URLs that are not this machine's loopback (each needs --allow-target)."""
+        return sorted({s.host for s in self.services.values() if not is_loopback(s.host)})
+
+    @property
+    def l2_dir(self) -> Path | None:
+        l2 = self.services["lmcache"].l2
+        return Path(l2.path) if l2 is not None else None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class StackFileError(ValueError):
+    """A stack file that cannot be used, every problem with its line (rendered as ``path:line: key: why``)."""
+
+    def __init__(self, path: Path, problems: list[Any]) -> None:
+        from drills.scenario import ScenarioError
+
+        self.path, self.problems = path, problems
+        super().__init__(ScenarioError(path, problems).render())
+
+
+def load_stack_file(path: Path | str) -> StackFile:
+    """Read and validate a stack file; raise :class:`StackFileError` with file:line for every problem."""
+    from drills.scenario import Problem, _problem
+    from drills.scenario_yaml import YamlProblem, load_document
+
+    path = Path(path)
+    try:
+        raw = read_limited(path, MAX_SCENARIO_BYTES, "stack file", follow=True)
+        text = raw.decode("utf-8")
+    except (InputFileError, UnicodeDecodeError) as exc:
+        raise StackFileError(path, [Problem(None, "", f"cannot read stack file: {exc}")]) from exc
+    try:
+        document = load_document(text)
+    except YamlProblem as exc:
+        raise StackFileError(path, [Problem(exc.line, "", exc.message)]) from exc
+    if not isinstance(document.tree, dict):
+        raise StackFileError(path, [Problem(1, "", "a stack file is a mapping with name:, served_model: and services:")])
+    try:
+        return StackFile.model_validate(document.plain)
+    except ValidationError as exc:
+        raise StackFileError(path, sorted((_problem(e, document.tree, (), StackFile) for e in exc.errors()),
+                                          key=lambda p: (p.line or 0, p.key))) from exc
+
+
+def json_schema() -> dict[str, Any]:
+    return StackFile.model_json_schema()
