@@ -362,7 +362,8 @@ def render(plan: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]dry run[/] {escape(str(sc['name']))} ({escape(str(sc['path']))}), seed {sc['seed']}: nothing started, "
                   "nothing injected")
     console.print(f"stack [bold]{st['ref']}[/] in {escape(str(st['run_dir']))}; phases: {' → '.join(plan['phases'])}")
-    services = Table("service", "program", "in namespace", title="services the stack starts", title_justify="left")
+    services = Table("service", "program", "in namespace", title="services the stack file declares (running; kvdrill starts none)" if st["ref"] == "attach"
+                     else "services the stack starts", title_justify="left")
     for name, s in st["services"].items():
         services.add_row(escape(name), escape(s["program"]), "yes" if s["netns"] else "no")
     console.print(services)

@@ -595,13 +595,18 @@ class Runner:
     async def _heal_all(self) -> None:
         """Heal in dependency order (``heal_order``); each heal names the faults still in effect when it ran."""
         order = heal_order(self.injectors, self.stack.depends_on() if self.stack is not None else {})
+        failed: list[str] = []
         for i, injector in enumerate(order):
             report = await injector.heal()
             self.journal.append("fault.healed", fault_id=injector.ctx.fault_id, undone=report.undone,
                                 already_healed=report.already_healed,
                                 still_in_effect=[later.ctx.fault_id for later in order[i + 1:]],
                                 **({"failed": report.failed} if report.failed else {}))
+            failed += [f"{injector.ctx.fault_id}: {why}" for why in report.failed]
         self.injectors.clear()
+        if failed:  # the rest were healed first; a stack left damaged gives no verdict on the answers after it
+            self.reusable = False
+            raise DrillError("heal did not finish: " + "; ".join(failed))
 
     async def _always_heal(self) -> None:
         if self._sampler is not None:

@@ -705,6 +705,10 @@ def _type_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
     for part in loc:
         if isinstance(part, int) or part in _STEP_TAGS:
             continue
+        value = _dict_value(current)
+        if value is not None:  # a key of a mapping (a stack file's services.engine): its value's type
+            current = value
+            continue
         candidates = _models_in(current)
         tagged = [m for m in candidates if _tag_of(m) == part]
         if tagged:
@@ -715,6 +719,17 @@ def _type_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
             return None
         current = owner.model_fields[part].annotation
     return current
+
+
+def _dict_value(tp: Any) -> Any:
+    """The value type when ``tp`` is a mapping (through Annotated and Optional), else None."""
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _dict_value(typing.get_args(tp)[0])
+    if origin in (Union, types.UnionType):
+        values = [v for a in typing.get_args(tp) if (v := _dict_value(a)) is not None]
+        return values[0] if len(values) == 1 else None
+    return typing.get_args(tp)[1] if origin is dict else None
 
 
 def _models_in(tp: Any) -> list[type[BaseModel]]:

@@ -343,7 +343,12 @@ class ProcessFault(Injector):
             except ProcessLookupError:
                 report.already_healed.append(f"{self.p.service} group {self.target['pgid']} is gone")
         elif action in ("term", "kill"):
-            await self.ctx.stack.restart(self.p.service)
+            try:
+                await self.ctx.stack.restart(self.p.service)
+            except Exception as exc:  # noqa: BLE001 - a heal that could not finish is reported, never retried as healed
+                report.failed.append(f"{self.p.service} is down and could not be started again: "
+                                     f"{type(exc).__name__}: {exc}")
+                return report
             report.undone.append(f"started {self.p.service} again (pid {self._service().pid}), healthy")
         else:
             report.already_healed.append(f"{action} of {self.p.service} needs no undo")

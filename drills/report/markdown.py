@@ -131,8 +131,11 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
         held = (f"; still in effect then: {', '.join(f'`{f}`' for f in h['still_in_effect'])}"
                 if h.get("still_in_effect") else "")
         out.append(f"- `{h['fault_id']}` healed ({h['ref']}): {_clip(what, 200)}{held}")
+        for why in h.get("failed", []):
+            out.append(f"  - **NOT undone**: {_clip(why, 200)} (`kvdrill rollback RUN` tries again)")
     if not doc["faults"]:
         out.append("- none injected")
+    out += _left_as_found(history)
     out += ["", "## Host shared memory", "",
             "LMCache 0.5.6 on CPU leaks here: the server keeps every restarted engine's KV segment mapped, and "
             "each vLLM shutdown leaves its segment file behind.", "",
@@ -177,6 +180,22 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
     if problems:
         out += ["## Report problems", ""] + [f"- {p}" for p in problems] + [""]
     return "\n".join(out)
+
+
+def _left_as_found(history: History) -> list[str]:
+    """An attached stack (drills/stack/attach.py): is it as kvdrill found it, service by service."""
+    left = next(iter(history.of_type("stack.left_as_found")), None)
+    if left is None:
+        return []
+    restarted = left.data.get("restarted") or {}
+    again = f" ({', '.join(f'{n} started again by its declared control, pid {p}' for n, p in restarted.items())})" \
+        if restarted else ""
+    if left.data.get("same"):
+        return ["", f"**The attached stack was left as found**{again} ({left.ref})."]
+    out = ["", f"**The attached stack was NOT left as found**{again} ({left.ref}):", ""]
+    for name, d in (left.data.get("differs") or {}).items():
+        out.append(f"- `{name}`: found {_clip(str(d.get('found')), 160)}, left {_clip(str(d.get('left')), 160)}")
+    return out
 
 
 def _record_section(record: dict[str, Any]) -> list[str]:

@@ -33,7 +33,8 @@ def verdict_document(scenario_path: Path, history: History, outcome: Outcome) ->
                "ref": e.ref, "trigger": planned.get(e.data["fault_id"], {}).get("trigger"),
                "landing": landed.get(e.data["fault_id"])} for e in history.of_type("fault.verified")]
     heals = [{"fault_id": e.data["fault_id"], "undone": e.data["undone"], "already_healed": e.data["already_healed"],
-              "ref": e.ref, **({"still_in_effect": e.data["still_in_effect"]} if e.data.get("still_in_effect") else {})}
+              "ref": e.ref, **({"still_in_effect": e.data["still_in_effect"]} if e.data.get("still_in_effect") else {}),
+              **({"failed": e.data["failed"]} if e.data.get("failed") else {})}
              for e in history.of_type("fault.healed")]
     doc: dict[str, Any] = {
         "run_id": outcome.run_id,

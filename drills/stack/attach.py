@@ -130,10 +130,12 @@ class AttachedService:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    @property
-    def leads_group(self) -> bool:
+    leads_group: bool = False  # read once when found or started: after a kill the leader's /proc is gone,
+    # but its group (workers that outlive it for a moment) still is
+
+    def __post_init__(self) -> None:
         fields = stat_fields(self.pid)
-        return bool(fields) and int(fields[PGRP]) == self.pid
+        self.leads_group = bool(fields) and int(fields[PGRP]) == self.pid
 
     def group(self) -> set[int]:
         """Its process group when it leads one (a supervisor's or setsid's service), else its process tree:
@@ -228,7 +230,9 @@ class AttachDriver(ServiceDriver):
             return
         svc.stopping = True
         members = svc.members | svc.group() | {svc.pid}
-        if svc.leads_group:
+        if not svc.group():
+            sent = []  # a kill fault got there first: nothing to signal, only its leftovers to clear
+        elif svc.leads_group:
             sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
         else:
             sent = [signal.Signals(sig).name]
@@ -265,7 +269,11 @@ class AttachedStack(SandboxStack):
         self.stack_file = load_stack_file(options.file or "")
         lm = self.stack_file.services["lmcache"]
         # the chunk keys kvdrill computes must be the server's: its chunk size and hash algorithm
-        options = options.model_copy(update={"lmcache": options.lmcache.model_copy(update={"chunk_size": lm.chunk_size})})
+        # (the scenario's other stack.lmcache and stack.engine options configure a stack kvdrill starts; the
+        # attached one is configured as its owner runs it, and stack.prepared records the stack file)
+        serde = lm.l2.serde if lm.l2 is not None else "none"
+        options = options.model_copy(update={"lmcache": options.lmcache.model_copy(
+            update={"chunk_size": lm.chunk_size, "l2_serde": serde, "l2_fs": None})})
         super().__init__(options, run_dir, journal, http)
         self.driver = AttachDriver(self.run_dir / "logs", journal, self.stack_file)
         self.hash_algorithm = lm.hash_algorithm

@@ -15,6 +15,7 @@ import httpx
 from drills.isolation import IsolationPolicy, Owned
 from drills.stack.api import Capability
 from drills.stack.stackfile import StackFile, is_loopback
+from drills.toxiproxy import api_headers
 
 
 @dataclass
@@ -34,9 +35,10 @@ class CheckResult:
                 "oracle": self.oracle, "faults": self.faults}
 
 
-async def _get(http: httpx.AsyncClient, url: str) -> tuple[int | None, Any, str | None]:
+async def _get(http: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None
+               ) -> tuple[int | None, Any, str | None]:
     try:
-        r = await http.get(url, timeout=10)
+        r = await http.get(url, timeout=10, headers=headers)
     except httpx.HTTPError as exc:
         return None, None, f"{type(exc).__name__}: {exc}"
     try:
@@ -79,7 +81,8 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
                 status_code, status, err = await _get(http, svc.url + "/status")
                 seen["status"] = {k: status.get(k) for k in list(status)[:12]} if isinstance(status, dict) else err
             if name == "toxiproxy" and code == 200:
-                _, proxies, _ = await _get(http, svc.url + "/proxies")
+                token = Path(svc.token_file).read_text().strip() if svc.token_file else None
+                _, proxies, _ = await _get(http, svc.url + "/proxies", api_headers(token))
                 seen["proxies"] = sorted(proxies) if isinstance(proxies, dict) else proxies
                 missing = sorted(set(svc.proxies) - set(seen["proxies"] or []))
                 if missing:

@@ -69,6 +69,8 @@ class ProcessControl(_Strict):
 class L2Spec(_Strict):
     adapter: Literal["fs"] = Field("fs", description="the LMCache MP server's L2 adapter (fs: one file per chunk)")
     path: str = Field(description="the adapter's base_path on this host")
+    serde: Literal["none", "aesgcm"] = Field("none", description="the adapter's serde (aesgcm: every chunk file "
+                                                                  "authenticated)")
 
 
 class Service(_Strict):

@@ -34,14 +34,15 @@ pytestmark = pytest.mark.real
 #   net-limit-data, net-slow-close and lmcache-1938 move (net-mooncake-data-bandwidth runs on containers in
 #   test_docker_stack.py);
 # - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
-# - lmcache-1034 (no fault: APC pins) moves.
+# - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) runs on an attached stack in test_attach.py.
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
 FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
 FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slow-close.yaml", "lmcache-1938-",
              "net-down.yaml", "disk-inodes.yaml", "disk-shrink.yaml", "net-mooncake-data-bandwidth.yaml",
              "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
-             "net-blackhole.yaml", "net-reset-peer.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-")
+             "net-blackhole.yaml", "net-reset-peer.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
+             "verify-stack.yaml")
 EXCLUDED = ("flagship", "gameday", "experiments")  # gameday/ waits for an operator: tests/real/test_gameday.py answers it
 
 

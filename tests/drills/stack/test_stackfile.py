@@ -1,0 +1,109 @@
+"""The stack file users write (drills/stack/stackfile.py): validated like a scenario, every mistake with
+its file, line and the allowed values; a scenario names it with ``stack: {file: ...}`` relative to itself;
+its hosts off this machine are the isolation declaration's (each still needs --allow-target)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from drills.cli import app
+from drills.isolation import IsolationPolicy, Owned
+from drills.scenario import ScenarioError, parse_scenario
+from drills.stack.stackfile import StackFileError, json_schema, load_stack_file
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "compose" / "attach" / "my-stack.yaml"
+
+GOOD = """\
+version: 1
+name: staging-a
+served_model: smollm2
+services:
+  engine:
+    url: http://127.0.0.1:8000
+    control:
+      pidfile: /run/kv/engine.pid
+      cmdline: [python, -m, vllm.entrypoints.openai.api_server]
+  lmcache:
+    url: http://127.0.0.1:6999
+    l2: {path: /data/l2}
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "stack.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_example_is_a_valid_stack_file():
+    f = load_stack_file(EXAMPLE)
+    assert set(f.services) == {"engine", "lmcache", "toxiproxy"}
+    assert f.services["toxiproxy"].proxies == {"lmcache": "engine -> lmcache"}
+    assert f.health_url("lmcache").endswith("/healthcheck") and f.l2_dir == Path("/data/lmcache-l2")
+
+
+@pytest.mark.parametrize(("old", "new", "line", "says"), [
+    ("    control:\n", "    contol:\n", 7, "(did you mean 'control'?); allowed keys: url, health"),
+    ("  lmcache:\n", "  lmcahe:\n", 10, "allowed values: 'engine', 'lmcache', 'baseline', 'toxiproxy'"),
+    ("      pidfile: /run/kv/engine.pid\n", "      pidfile: /run/kv/engine.pid\n      pid: 77\n", 7,
+     "exactly one of pid: or pidfile:"),
+    ("url: http://127.0.0.1:8000\n", "url: http://127.0.0.1:8000/v1\n", 6, "no path"),
+    ("    l2: {path: /data/l2}\n", "    l2: {path: /data/l2, adapter: redis}\n", 12, "'fs'"),
+    ("name: staging-a\n", "name: Staging A\n", 2, "lowercase"),
+], ids=["typo", "role", "pid-and-pidfile", "url-path", "adapter", "name"])
+def test_a_mistake_is_reported_at_its_line_with_the_allowed_values(tmp_path, old, new, line, says):
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(StackFileError) as err:
+        load_stack_file(path)
+    text = str(err.value)
+    assert f"{path}:{line}:" in text and says in text, text
+
+
+def test_a_stack_without_lmcache_or_a_pid_control_off_this_host_is_refused(tmp_path):
+    no_lm = GOOD.split("  lmcache:")[0]
+    with pytest.raises(StackFileError, match="lmcache missing"):
+        load_stack_file(_write(tmp_path, no_lm, "a.yaml"))
+    remote = GOOD.replace("http://127.0.0.1:8000", "http://10.9.8.7:8000")
+    with pytest.raises(StackFileError, match="a pid control means a process on this host"):
+        load_stack_file(_write(tmp_path, remote, "b.yaml"))
+
+
+def test_unreadable_input_is_a_clear_error_not_a_hang(tmp_path):
+    with pytest.raises(StackFileError, match="cannot read stack file"):
+        load_stack_file(tmp_path / "missing.yaml")
+    with pytest.raises(StackFileError, match="a stack file is a mapping"):
+        load_stack_file(_write(tmp_path, "- just\n- a list\n"))
+
+
+def test_a_scenario_names_its_stack_file_relative_to_itself(tmp_path):
+    _write(tmp_path, GOOD)
+    loaded = parse_scenario("name: x\nstack: {file: stack.yaml}\n", tmp_path / "drill.yaml")
+    assert loaded.scenario.stack.ref == "attach"
+    assert Path(loaded.scenario.stack.file) == tmp_path / "stack.yaml"
+    with pytest.raises(ScenarioError, match="file"):  # attach needs its file; a file means attach
+        parse_scenario("name: x\nstack: {ref: attach}\n", tmp_path / "drill.yaml")
+    with pytest.raises(ScenarioError, match="file"):
+        parse_scenario("name: x\nstack: {ref: sandbox, file: stack.yaml}\n", tmp_path / "drill.yaml")
+
+
+def test_a_remote_service_needs_allow_target_and_a_loopback_one_does_not(tmp_path):
+    remote = GOOD.replace("http://127.0.0.1:6999", "http://10.9.8.7:6999")
+    _write(tmp_path, remote)
+    scenario = parse_scenario("name: x\nstack: {file: stack.yaml}\n", tmp_path / "drill.yaml").scenario
+    refused = IsolationPolicy.build(scenario, (), Owned()).check_host("10.9.8.7", "services.lmcache.url")
+    assert refused is not None and "--allow-target 10.9.8.7" in refused.fix
+    assert IsolationPolicy.build(scenario, ("10.9.8.7",), Owned()).check_host("10.9.8.7", "x") is None
+    assert IsolationPolicy.build(scenario, (), Owned()).check_host("127.0.0.1", "x") is None
+
+
+def test_schema_and_check_commands(tmp_path):
+    schema = json.loads(CliRunner().invoke(app, ["schema", "--stack"]).stdout)
+    assert schema == json.loads(json.dumps(json_schema()))
+    assert {"url", "control", "l2", "proxies"} <= set(schema["$defs"]["Service"]["properties"])
+    bad = _write(tmp_path, GOOD.replace("    control:\n", "    contol:\n"))
+    result = CliRunner().invoke(app, ["stack", "check", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:7:" in result.output
