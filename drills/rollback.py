@@ -204,11 +204,9 @@ def run_state(run_dir: Path, history: History) -> RunState:
     attached = {e.data["pid"]: e.data.get("start_ticks") for e in history.of_type("service.attached", "service.restarted_by_control")
                 if _pid(e.data.get("pid")) is not None}
     prepared = history.first("stack.prepared")
-    declared = (prepared.data.get("stack") or {}).get("services") if prepared is not None else None
-    starts = {n: (s.get("control") or {}).get("start") for n, s in declared.items()
-              if isinstance(s, dict)} if isinstance(declared, dict) else {}
+    starts = _declared_starts(prepared.data) if prepared is not None else {}
     return RunState(run_dir=run_dir, roots=roots, tags={str(run_dir), *linked}, netns=netns,
-                    attached=attached, attached_starts={n: v for n, v in starts.items() if v},
+                    attached=attached, attached_starts=starts,
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -383,14 +381,42 @@ def _vet_network(rec: Any, state: RunState) -> str | None:
     return _loopback_url(rec.get("url"))
 
 
+def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
+    """Per attached service, the start command (and pidfile it rewrites) that both the journal and the stack
+    file on disk declare.
+
+    The one command rollback runs on an attached stack is a service's ``control.start``. The journal's copy
+    alone is not enough (a journal is evidence, not instructions): the stack file it names must still say
+    the same, and be the invoking user's own file that no one else can write."""
+    recorded = (prepared.get("stack") or {}).get("services")
+    path = prepared.get("stack_file")
+    if not isinstance(recorded, dict) or not isinstance(path, str):
+        return {}
+    from drills.stack.stackfile import StackFileError, load_stack_file
+
+    try:
+        st = os.stat(path)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return {}
+        on_disk = {n: {"start": s.control.start.model_dump(mode="json"), "pidfile": s.control.pidfile}
+                   for n, s in load_stack_file(path).services.items()
+                   if s.control is not None and s.control.start is not None}
+    except (OSError, StackFileError):
+        return {}
+    return {n: v for n, v in on_disk.items()
+            if isinstance(recorded.get(n), dict) and (recorded[n].get("control") or {}).get("start") == v["start"]}
+
+
 def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dict[int, list[str]]) -> str | None:
     if not isinstance(rec, dict):
         return "undo is not an object"
     if rec.get("action") == "start" and rec.get("attached"):
         # the one command rollback runs: it must be the start command the attached stack file declared
         want = state.attached_starts.get(str(rec.get("service")))
-        return None if want is not None and want == rec.get("start") else (
-            "the start command is not the one the run's stack file declared for this service: not run")
+        if want is None or want["start"] != rec.get("start") or want["pidfile"] != rec.get("pidfile"):
+            return ("the start command is not the one the run's stack file (as it is on disk, owned by you and "
+                    "writable by no one else) declares for this service: not run")
+        return _loopback_url(rec.get("health_url"))
     if rec.get("action") != "cont":
         return None  # nothing is signalled: the undo only reports
     if rec.get("container_id"):

@@ -147,7 +147,7 @@ def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
     control = ProcessControl(pidfile=record.get("pidfile"), pid=None if record.get("pidfile") else 2,
                              cmdline=record["start"]["argv"], start=record["start"])
     popen = launch(str(service), control, Path(os.devnull), Path("/"))
-    deadline = time.monotonic() + float(record["start"].get("startup_deadline", 300))
+    deadline = time.monotonic() + float(control.start.startup_deadline)  # validated: "30s" in the journal
     while time.monotonic() < deadline and popen.poll() is None:
         if healthy():
             report.undone.append(f"started {service} again by its declared control (pid {popen.pid}), healthy")

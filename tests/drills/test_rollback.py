@@ -294,3 +294,68 @@ def test_a_run_killed_after_its_drain_gets_the_verdict_its_checks_give_not_abort
     assert doc["verdict"] == "fail" and doc["exit_code"] == stored["exit_code"] == 0
     assert [c["verdict"] for c in doc["checks"]] == [c["verdict"] for c in stored["checks"]]
     assert "judged by `kvdrill rollback` from the complete journal" in doc["reason"]
+
+
+def _attached_run(tmp_path: Path, port: int) -> tuple[Path, Path, Path]:
+    """A run that attached to a stack file's engine, killed it as a fault, then died before its heal."""
+    from drills.stack.stackfile import load_stack_file
+
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    pidfile, stack = tmp_path / "engine.pid", tmp_path / "stack.yaml"
+    stack.write_text(f"name: t\nserved_model: m\nservices:\n  engine:\n    url: http://127.0.0.1:{port}\n"
+                     f"    health: /\n    control:\n      pidfile: {pidfile}\n      cmdline: {argv}\n"
+                     f"      start: {{argv: {argv}, startup_deadline: 30s}}\n"
+                     "  lmcache: {url: 'http://127.0.0.1:9'}\n")
+    stack.chmod(0o644)
+    f = load_stack_file(stack)
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=f.model_dump(mode="json"))
+    j.append("service.attached", service="engine", pid=424242, start_ticks="1")
+    j.append("fault.undo", fault_id="f0-process", injector="process",
+             undo={"action": "start", "service": "engine", "pgid": 424242, "argv": argv, "attached": True,
+                   "start_ticks": "1", "health_url": f"http://127.0.0.1:{port}/",
+                   "start": f.services["engine"].control.start.model_dump(mode="json"), "pidfile": str(pidfile)})
+    j.close()
+    return run, stack, pidfile
+
+
+def _stop_by_pidfile(pidfile: Path) -> None:
+    try:
+        pid = int(pidfile.read_text())
+    except (OSError, ValueError):
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_an_attached_service_killed_by_the_run_is_started_again_by_its_stack_files_start(tmp_path):
+    port = free_port()
+    run, _, pidfile = _attached_run(tmp_path, port)
+    try:
+        report = rb.rollback(run, grace=1.0)
+        assert report.ok, report.items
+        [done] = report.of("undone")
+        assert "started engine again by its declared control" in done.what
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
+        assert int(pidfile.read_text()) > 0
+        again = rb.rollback(run, grace=1.0)  # it answers now: nothing is started twice
+        assert again.ok and any("answers" in i.what for i in again.of("already_healed"))
+    finally:
+        _stop_by_pidfile(pidfile)
+
+
+@pytest.mark.parametrize("tamper", ["changed on disk", "writable by others"])
+def test_a_start_command_the_stack_file_on_disk_does_not_vouch_for_is_not_run(tmp_path, tamper):
+    port = free_port()
+    run, stack, pidfile = _attached_run(tmp_path, port)
+    if tamper == "changed on disk":
+        stack.write_text(stack.read_text().replace("startup_deadline: 30s", "startup_deadline: 31s"))
+    else:
+        stack.chmod(0o666)
+    report = rb.rollback(run, grace=1.0)
+    assert not report.ok and not report.of("undone")
+    assert any("not the one the run's stack file" in i.what for i in report.of("failed"))
+    assert not pidfile.exists()  # nothing was started, no pidfile written

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.real
 #   run) stay; engine-restart, engine-term and lmcache-562 move;
 # - kv_corrupt: d02 and the flagship pair stay; kv-mantissa-noise, lmcache-1313 and the five row-5 replays
 #   (lmcache-4533-*) move: every kv_corrupt mode runs on real chunk files in test_sandbox_kv_corrupt.py;
-# - network: net-latency and d05 stay; net-bandwidth, net-blackhole, net-reset-peer, net-down, net-slicer,
+# - network: d05 stays, and a latency toxic on a process stack's proxy runs in test_attach.py (on the user's
+#   proxy); net-latency, net-bandwidth, net-blackhole, net-reset-peer, net-down, net-slicer,
 #   net-limit-data, net-slow-close and lmcache-1938 move (net-mooncake-data-bandwidth runs on containers in
 #   test_docker_stack.py);
 # - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
@@ -41,7 +42,7 @@ FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slo
              "net-down.yaml", "disk-inodes.yaml", "disk-shrink.yaml", "net-mooncake-data-bandwidth.yaml",
              "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
-             "net-blackhole.yaml", "net-reset-peer.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
+             "net-blackhole.yaml", "net-reset-peer.yaml", "net-latency.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
              "verify-stack.yaml")
 EXCLUDED = ("flagship", "gameday", "experiments")  # gameday/ waits for an operator: tests/real/test_gameday.py answers it
 
