@@ -13,7 +13,6 @@ A refusal says which rule, which target, and exactly what to add.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Iterable
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from drills.halt.spec import SERVICE_PLACEHOLDER
+from drills.stack.stackfile import is_loopback
 from injectors.base import InjectionError
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class IsolationPolicy:
 
     def check_host(self, host: str, where: str) -> Refusal | None:
         h = _norm_host(host)
-        if _is_loopback(h) or h in self.owned.netns_addrs or h in self.owned.symbolic_hosts:
+        if is_loopback(h) or h in self.owned.netns_addrs or h in self.owned.symbolic_hosts:
             return None
         in_scenario, in_flag = h in self.scenario_hosts, h in self.flag_hosts
         if in_scenario and in_flag:
@@ -292,15 +292,6 @@ def _walk(node: Any, key: str | None = None):
 
 def _norm_host(host: str) -> str:
     return host.strip().strip("[]").lower()
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _inside(path: Path, base: Path) -> bool:

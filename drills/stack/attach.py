@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +35,7 @@ from drills.procstat import PGRP, PPID, start_ticks, stat_fields
 from drills.scenario import StackSpec
 from drills.stack.api import Capability
 from drills.stack.process import (
+    RunningService,
     ServiceDriver,
     ServiceSpec,
     StackError,
@@ -108,28 +109,12 @@ class PidWatch:
 
 
 @dataclass
-class AttachedService:
-    """A declared service kvdrill found running (or started again by its declared control)."""
+class AttachedService(RunningService):
+    """A declared service kvdrill found running (or started again by its declared control). Its ``popen`` is
+    a PidWatch for a process found running (not kvdrill's child), a Popen for one started again."""
 
-    spec: ServiceSpec
-    popen: Any  # PidWatch, or Popen when kvdrill started it again
-    log_path: Path
-    generation: int
-    started_at: float
-    control: ProcessControl
+    control: ProcessControl | None = None
     start_ticks: str | None = None
-    ready_s: float | None = None
-    members: set[int] = field(default_factory=set)
-    stopping: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
     leads_group: bool = False  # read once when found or started: after a kill the leader's /proc is gone,
     # but its group (workers that outlive it for a moment) still is
 
@@ -157,9 +142,10 @@ class AttachedService:
 
     def undo_target(self) -> dict[str, Any]:
         """What rollback needs to start it again after kvdrill died mid-fault (injectors/process.py undo)."""
-        start = self.control.start
+        start = self.control.start if self.control is not None else None
         return {"attached": True, "start_ticks": self.start_ticks, "health_url": self.spec.health_url,
-                **({"start": start.model_dump(mode="json"), "pidfile": self.control.pidfile} if start else {})}
+                **({"start": start.model_dump(mode="json"), "pidfile": self.control.pidfile}  # type: ignore[union-attr]
+                   if start else {})}
 
 
 def launch(name: str, control: ProcessControl, log_path: Path, cwd: Path) -> subprocess.Popen:
@@ -198,7 +184,7 @@ class AttachDriver(ServiceDriver):
                              "restarted with other flags)")
         spec = ServiceSpec(name=name, argv=list(control.cmdline), env={}, health_url=health_url,
                            startup_deadline=control.start.startup_deadline if control.start else 300.0)
-        svc = AttachedService(spec=spec, popen=PidWatch(pid), log_path=self._log_path(name), generation=0,
+        svc = AttachedService(spec=spec, popen=PidWatch(pid), log_path=self._log_path(name), generation=0,  # type: ignore[arg-type]
                               started_at=time.monotonic(), control=control, start_ticks=start_ticks(pid))
         svc.members = svc.group()
         self.services[name] = svc
