@@ -114,9 +114,15 @@ def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
     from drills.stack.stackfile import load_stack_file
 
     f = load_stack_file(sc.stack.file or "")
-    services = {n: {"netns": False, "program": ("attached by pid and command line: " + " ".join(
-        Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3])) if s.control
-        else "attached by URL only")} for n, s in f.services.items()}
+    def program(s) -> str:
+        if s.control is not None:
+            return "attached by pid and command line: " + " ".join(
+                Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3]))
+        if s.container is not None:
+            return f"attached container {s.container.name} ({s.container.docker_host})"
+        return "attached by URL only"
+
+    services = {n: {"netns": False, "program": program(s)} for n, s in f.services.items()}
     tp = f.services.get("toxiproxy")
     return StackView(ref=sc.stack.ref, run_dir=reports_dir / RUN_ID, services=services, l2_dir=f.l2_dir, l2_fs=None,
                      netns=False, model_dir=model_dir(load_pins()), proxies=tuple(tp.proxies) if tp else (),

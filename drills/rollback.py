@@ -398,13 +398,16 @@ def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
         st = os.stat(path)
         if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return {}
-        on_disk = {n: {"start": s.control.start.model_dump(mode="json"), "pidfile": s.control.pidfile}
-                   for n, s in load_stack_file(path).services.items()
-                   if s.control is not None and s.control.start is not None}
+        services = load_stack_file(path).services.items()
     except (OSError, StackFileError):
         return {}
-    return {n: v for n, v in on_disk.items()
-            if isinstance(recorded.get(n), dict) and (recorded[n].get("control") or {}).get("start") == v["start"]}
+    on_disk = {n: {"start": s.control.start.model_dump(mode="json"), "pidfile": s.control.pidfile}
+               for n, s in services if s.control is not None and s.control.start is not None}
+    containers = {n: s.container.model_dump(mode="json") for n, s in services if s.container is not None}
+    return {**{n: v for n, v in on_disk.items() if isinstance(recorded.get(n), dict)
+               and (recorded[n].get("control") or {}).get("start") == v["start"]},
+            **{n: {"container": v} for n, v in containers.items() if isinstance(recorded.get(n), dict)
+               and recorded[n].get("container") == v}}
 
 
 def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dict[int, list[str]]) -> str | None:
@@ -413,7 +416,13 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
     if rec.get("action") == "start" and rec.get("attached"):
         # the one command rollback runs: it must be the start command the attached stack file declared
         want = state.attached_starts.get(str(rec.get("service")))
-        if want is None or want["start"] != rec.get("start") or want["pidfile"] != rec.get("pidfile"):
+        if rec.get("container_id"):  # `docker start` of the declared container on the declared engine
+            declared = (want or {}).get("container") or {}
+            if declared.get("name") != rec.get("container") or declared.get("docker_host") != rec.get("docker_host"):
+                return ("the container is not the one the run's stack file (as it is on disk, owned by you and "
+                        "writable by no one else) declares for this service: not started")
+            return _loopback_url(rec.get("health_url"))
+        if want is None or want.get("start") != rec.get("start") or want.get("pidfile") != rec.get("pidfile"):
             return ("the start command is not the one the run's stack file (as it is on disk, owned by you and "
                     "writable by no one else) declares for this service: not run")
         return _loopback_url(rec.get("health_url"))

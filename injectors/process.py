@@ -86,6 +86,8 @@ def undo(record: dict[str, Any]) -> HealReport:
     rest of the stack anyway. Idempotent."""
     report = HealReport()
     action, service, pgid = record.get("action"), record.get("service"), record.get("pgid")
+    if action == "start" and record.get("attached") and record.get("container_id"):
+        return _start_attached_container(record, report)
     if action == "start" and record.get("attached") and isinstance(record.get("start"), dict):
         return _start_attached(record, report)
     if action != "cont":
@@ -128,18 +130,13 @@ def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
     """A service of an attached stack that the fault left down is started again by its declared control
     (the stack file's ``start``), unless it answers its health URL already (its supervisor restarted it),
     and must then answer it within the declared deadline."""
-    import httpx
-
     from drills.stack.attach import launch
     from drills.stack.stackfile import ProcessControl
 
     service, url = record.get("service"), str(record.get("health_url"))
 
     def healthy() -> bool:
-        try:
-            return httpx.get(url, timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return _healthy(url)
 
     if healthy():
         report.already_healed.append(f"{service} answers {url} (it runs again)")
@@ -155,6 +152,45 @@ def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
         time.sleep(1)
     report.failed.append(f"{service}: started again by its declared control (pid {popen.pid}), but "
                          + ("it exited" if popen.poll() is not None else f"not healthy at {url} in time"))
+    return report
+
+
+def _healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _start_attached_container(record: dict[str, Any], report: HealReport) -> HealReport:
+    """A container of an attached stack that the fault left stopped is started again (``docker start``, its
+    runtime's own way back), unless it answers its health URL already, and must then answer it."""
+    import docker
+
+    service, url = record.get("service"), str(record.get("health_url"))
+    if _healthy(url):
+        report.already_healed.append(f"{service} answers {url} (it runs again)")
+        return report
+    try:
+        container = docker.DockerClient(base_url=record["docker_host"], timeout=60).containers.get(record["container_id"])
+        if container.name != record.get("container"):
+            report.failed.append(f"{service}: container {record['container_id'][:12]} is now {container.name!r}, not "
+                                 f"the declared {record.get('container')!r}; not started")
+            return report
+        if not container.attrs.get("State", {}).get("Running"):
+            container.start()
+    except docker.errors.DockerException as exc:
+        report.failed.append(f"{service}: could not start container {record.get('container')}: {exc}")
+        return report
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if _healthy(url):
+            report.undone.append(f"started {service} again (docker start {container.name}), healthy")
+            return report
+        time.sleep(1)
+    report.failed.append(f"{service}: docker start {container.name} done, but not healthy at {url} in time")
     return report
 
 

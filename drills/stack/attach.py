@@ -21,6 +21,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from drills.journal import Journal
 from drills.procstat import PGRP, PPID, start_ticks, stat_fields
 from drills.scenario import StackSpec
 from drills.stack.api import Capability
+from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
 from drills.stack.process import (
     RunningService,
     ServiceDriver,
@@ -46,7 +48,7 @@ from drills.stack.process import (
     terminate_group,
 )
 from drills.stack.sandbox import SandboxStack
-from drills.stack.stackfile import ProcessControl, StackFile, is_loopback, load_stack_file
+from drills.stack.stackfile import ContainerControl, ProcessControl, StackFile, is_loopback, load_stack_file
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "compose" / "attach" / "my-stack.yaml"
 LEAVES_DOWN = ("term", "kill", "restart")  # process actions that need the service started again
@@ -148,6 +150,45 @@ class AttachedService(RunningService):
                    if start else {})}
 
 
+@dataclass
+class AttachedContainer(RunningContainer):
+    """A declared container kvdrill found running (or started again with ``docker start``): every fault verb
+    of the container driver applies; its runtime is what brings it back."""
+
+    declared: ContainerControl | None = None
+
+    def undo_target(self) -> dict[str, Any]:
+        return {**super().undo_target(), "attached": True, "container": self.container.name,
+                "health_url": self.spec.health_url}
+
+
+def docker_client(declared: ContainerControl):
+    """A client of the engine the stack file names (never another one): its socket must be a socket."""
+    import stat as stat_mod
+
+    import docker
+
+    try:
+        if not stat_mod.S_ISSOCK(declared.socket.stat().st_mode):
+            raise StackError(f"{declared.docker_host} is not a socket")
+    except OSError as exc:
+        raise StackError(f"cannot reach the Docker engine {declared.docker_host}: {exc}") from exc
+    return docker.DockerClient(base_url=declared.docker_host, timeout=60)
+
+
+def find_container(declared: ContainerControl):
+    """The declared container, running; a StackError saying why not."""
+    import docker
+
+    try:
+        container = docker_client(declared).containers.get(declared.name)
+    except docker.errors.NotFound as exc:
+        raise StackError(f"no container {declared.name!r} on {declared.docker_host}") from exc
+    except docker.errors.DockerException as exc:
+        raise StackError(f"{declared.docker_host}: {type(exc).__name__}: {exc}") from exc
+    return container
+
+
 def launch(name: str, control: ProcessControl, log_path: Path, cwd: Path) -> subprocess.Popen:
     """Start a declared service again, as its own session, without the run tag (it is the user's)."""
     start = control.start
@@ -171,8 +212,11 @@ class AttachDriver(ServiceDriver):
         super().__init__(log_dir, journal)
         self.stack_file = stack
 
-    def attach(self, name: str, health_url: str) -> AttachedService:
-        control = self.stack_file.services[name].control  # type: ignore[index]
+    def attach(self, name: str, health_url: str) -> AttachedService | AttachedContainer:
+        declared = self.stack_file.services[name]  # type: ignore[index]
+        if declared.container is not None:
+            return self._adopt_container(name, health_url, declared.container, generation=0)
+        control = declared.control
         assert control is not None
         pid = read_pid(control)
         actual = cmdline_of(pid)
@@ -196,7 +240,39 @@ class AttachDriver(ServiceDriver):
         declared = self.stack_file.services[name].log  # type: ignore[index]
         return Path(declared) if declared else self.log_dir / f"{name}.log"
 
-    async def _launch(self, spec: ServiceSpec) -> AttachedService:
+    def _adopt_container(self, name: str, health_url: str, declared: ContainerControl,
+                         generation: int) -> AttachedContainer:
+        container = find_container(declared)
+        state = container.attrs.get("State", {})
+        if not state.get("Running"):
+            raise StackError(f"{name}: container {declared.name} is {state.get('Status', 'not running')}")
+        pid = int(state["Pid"])
+        spec = ServiceSpec(name=name, argv=[*(container.attrs["Config"].get("Cmd") or [])], env={},
+                           health_url=health_url, startup_deadline=300.0)
+        log_path = self.log_dir / f"{name}.log"
+        svc = AttachedContainer(spec=spec, container=container, log_path=log_path, generation=generation,
+                                started_at=time.monotonic(), pid=pid, popen=ContainerExit(container),
+                                docker_host=declared.docker_host, declared=declared)
+        svc.members = svc.group()
+        svc._follower = threading.Thread(target=_follow_logs, args=(container, log_path, int(time.time())),
+                                         daemon=True, name=f"logs-{name}-{generation}")
+        svc._follower.start()
+        self.services[name] = svc
+        self.journal.append("service.attached" if generation == 0 else "service.restarted_by_control",
+                            service=name, pid=pid, container=container.name, container_id=container.id[:12],
+                            image=container.attrs["Config"]["Image"], docker_host=declared.docker_host,
+                            start_ticks=start_ticks(pid), members=sorted(svc.members), health=health_url)
+        return svc
+
+    async def _launch(self, spec: ServiceSpec) -> AttachedService | AttachedContainer:
+        declared = self.stack_file.services[spec.name].container  # type: ignore[index]
+        if declared is not None:  # its runtime brings it back; a restart policy may have done so already
+            def start() -> AttachedContainer:
+                container = find_container(declared)
+                if not container.attrs.get("State", {}).get("Running"):
+                    container.start()
+                return self._adopt_container(spec.name, spec.health_url, declared, self._next_generation(spec.name))
+            return await asyncio.to_thread(start)
         control = self.stack_file.services[spec.name].control  # type: ignore[index]
         if control is None or control.start is None:
             raise StackError(f"{spec.name} has no start command in the stack file: kvdrill cannot start it again")
@@ -216,7 +292,9 @@ class AttachDriver(ServiceDriver):
             return
         svc.stopping = True
         members = svc.members | svc.group() | {svc.pid}
-        if not svc.group():
+        if isinstance(svc, AttachedContainer):
+            sent = await asyncio.to_thread(_stop_container, svc, sig, grace) if svc.alive else []
+        elif not svc.group():
             sent = []  # a kill fault got there first: nothing to signal, only its leftovers to clear
         elif svc.leads_group:
             sent = await terminate_group(svc.pid, sig, grace, poll=svc.popen.poll)
@@ -285,10 +363,11 @@ class AttachedStack(SandboxStack):
     @classmethod
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
         f = load_stack_file(spec.file or "")
-        controlled = [n for n, s in f.services.items() if s.control is not None]
+        controlled = [n for n in f.services if f.controlled(n)]
         return {
             Capability.SIGNAL: None if controlled else
-            "every service is attached by URL only; declare a `control:` (pid or pidfile, and cmdline) for it",
+            "every service is attached by URL only; declare a `control:` (pid or pidfile, and cmdline) or a "
+            "`container:` for it",
             Capability.CHUNK_FILES: None if f.l2_dir is not None else
             "its lmcache service declares no L2; add `l2: {adapter: fs, path: ...}` to it",
             Capability.PROXIED_LINKS: None if "toxiproxy" in f.services else
@@ -320,10 +399,10 @@ class AttachedStack(SandboxStack):
         if svc is None:
             return [f"{where} has no service {name!r}; it declares: {', '.join(f.services)}"]
         action = {"stop": "freeze", "cont": "thaw"}.get(params.action, params.action)
-        if svc.control is None:
+        if not f.controlled(name):
             return [f"{where} cannot `{action}` service `{name}`: it is attached by URL only; declare a `control:` "
-                    "(pid or pidfile, and cmdline) for it"]
-        if params.action in LEAVES_DOWN and svc.control.start is None:
+                    "(pid or pidfile, and cmdline) or a `container:` for it"]
+        if params.action in LEAVES_DOWN and not f.restartable(name):
             return [f"{where} cannot `{action}` service `{name}`: nothing could start it again (the heal must leave "
                     f"the stack as it was found); declare `control.start` for it"]
         return []
@@ -344,8 +423,8 @@ class AttachedStack(SandboxStack):
         if not self.specs:
             self.prepare()
         problems: dict[str, str] = {}
-        for name, s in self.stack_file.services.items():
-            if s.control is not None:
+        for name in self.stack_file.services:
+            if self.stack_file.controlled(name):
                 try:
                     self.driver.attach(name, self.stack_file.health_url(name))
                 except StackError as exc:
@@ -424,6 +503,12 @@ class AttachedStack(SandboxStack):
     @property
     def proxies(self) -> list[dict[str, Any]]:
         return self._proxies
+
+    def host_address(self, address: str) -> str:
+        """A proxy's listen or upstream address as this host reaches it (the stack file's host_addresses,
+        for a proxy in a container); as reported otherwise."""
+        tp = self.stack_file.services.get("toxiproxy")
+        return tp.host_addresses.get(address, address) if tp is not None else address
 
     def owned(self) -> Owned:
         """The stack file is the isolation declaration: its L2 directory, its controlled processes (as they

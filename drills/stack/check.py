@@ -49,7 +49,7 @@ async def _get(http: httpx.AsyncClient, url: str, headers: dict[str, str] | None
 
 
 async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ...] = ()) -> CheckResult:
-    from drills.stack.attach import AttachedStack, cmdline_of, read_pid
+    from drills.stack.attach import AttachedStack, cmdline_of, find_container, read_pid
     from drills.stack.process import StackError
     from injectors.base import registry
 
@@ -98,6 +98,17 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
                 except StackError as exc:
                     result.problems.append(f"{name}: {exc}")
                 seen["control"] = "pid and cmdline" + (", start command" if svc.control.start else ", no start command")
+            elif svc.container is not None:
+                seen["control"] = f"container {svc.container.name} on {svc.container.docker_host} (docker start)"
+                try:
+                    container = find_container(svc.container)
+                    state = container.attrs.get("State", {})
+                    seen |= {"container_id": container.id[:12], "image": container.attrs["Config"]["Image"],
+                             "container_state": state.get("Status"), "pid": state.get("Pid")}
+                    if not state.get("Running"):
+                        result.problems.append(f"{name}: container {svc.container.name} is {state.get('Status')}")
+                except StackError as exc:
+                    result.problems.append(f"{name}: {exc}")
             else:
                 seen["control"] = "URL only"
             result.services[name] = seen

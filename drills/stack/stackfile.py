@@ -66,6 +66,28 @@ class ProcessControl(_Strict):
         return self
 
 
+class ContainerControl(_Strict):
+    """A container on a Docker engine that kvdrill may signal, freeze, stop and start again (its runtime is
+    its supervisor: ``docker start`` is how a killed one comes back, so no start command is needed)."""
+
+    name: str = Field(description="the container's name, as `docker ps` shows it (compose: <project>-<service>-1 "
+                                  "or <project>_<service>_1)")
+    docker_host: str = Field("unix:///var/run/docker.sock",
+                             description="the engine that runs it: a unix:// socket on this host")
+
+    @field_validator("docker_host")
+    @classmethod
+    def _local_socket(cls, v: str) -> str:
+        if not v.startswith("unix:///"):
+            raise ValueError("only a unix:///path socket on this host is supported so far (tcp:// and ssh:// "
+                             "engines are not yet)")
+        return v
+
+    @property
+    def socket(self) -> Path:
+        return Path(self.docker_host.removeprefix("unix://"))
+
+
 class L2Spec(_Strict):
     adapter: Literal["fs"] = Field("fs", description="the LMCache MP server's L2 adapter (fs: one file per chunk)")
     path: str = Field(description="the adapter's base_path on this host")
@@ -80,8 +102,10 @@ class Service(_Strict):
                                                  "LMCache, /version for Toxiproxy)")
     metrics: str | None = Field("/metrics", description="Prometheus metrics path (null: none)")
     log: str | None = Field(None, description="a file its output goes to (evidence in reports)")
-    control: ProcessControl | None = Field(None, description="how kvdrill may signal it; omitted: reached by URL "
-                                                             "only (no process faults on it)")
+    control: ProcessControl | None = Field(None, description="a process on this host kvdrill may signal; omitted "
+                                                             "(and no container:): reached by URL only")
+    container: ContainerControl | None = Field(None, description="or: a container kvdrill may signal and start "
+                                                                 "again through its Docker engine")
     # lmcache only
     l2: L2Spec | None = Field(None, description="lmcache only: its L2, where kv_corrupt finds chunks by prompt")
     chunk_size: int = Field(256, ge=1, le=65536, description="lmcache only: its --chunk-size")
@@ -92,6 +116,10 @@ class Service(_Strict):
                                                                        "carries (e.g. lmcache: engine -> lmcache)")
     token_file: str | None = Field(None, description="toxiproxy only: kvdrill's own Toxiproxy server asks for an "
                                                      "API token; the real Toxiproxy does not")
+    host_addresses: dict[str, str] = Field(default_factory=dict, description=(
+        "toxiproxy only: where this host reaches an address the proxy reports, when it runs in a container "
+        "(its listen and upstream addresses as published), e.g. {'0.0.0.0:6555': '127.0.0.1:16555', "
+        "'lmcache:5555': '127.0.0.1:15555'}: kvdrill measures a toxic through the proxy and beside it"))
 
     @field_validator("url")
     @classmethod
@@ -133,12 +161,15 @@ class StackFile(_Strict):
             raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has an engine and "
                              "an lmcache server")
         for role, svc in self.services.items():
+            if svc.control is not None and svc.container is not None:
+                raise ValueError(f"services.{role}: give control: (a process) or container:, not both")
             if role != "lmcache" and svc.l2 is not None:
                 raise ValueError(f"services.{role}.l2: only the lmcache service has an L2")
-            if role != "toxiproxy" and (svc.proxies or svc.token_file):
-                raise ValueError(f"services.{role}: proxies and token_file belong to the toxiproxy service")
-            if svc.control is not None and not is_loopback(svc.host):
-                raise ValueError(f"services.{role}: a pid control means a process on this host, but its url names "
+            if role != "toxiproxy" and (svc.proxies or svc.token_file or svc.host_addresses):
+                raise ValueError(f"services.{role}: proxies, token_file and host_addresses belong to the toxiproxy "
+                                 "service")
+            if (svc.control or svc.container) is not None and not is_loopback(svc.host):
+                raise ValueError(f"services.{role}: a pid or container control means this host, but its url names "
                                  f"{svc.host}")
         if "toxiproxy" in self.services and not self.services["toxiproxy"].proxies:
             raise ValueError("services.toxiproxy.proxies: name at least one proxy and the link it carries")
@@ -147,6 +178,16 @@ class StackFile(_Strict):
     def health_url(self, role: str) -> str:
         svc = self.services[role]  # type: ignore[index]
         return svc.url + (svc.health or HEALTH[role])
+
+    def controlled(self, role: str) -> bool:
+        svc = self.services.get(role)  # type: ignore[call-overload]
+        return svc is not None and (svc.control is not None or svc.container is not None)
+
+    def restartable(self, role: str) -> bool:
+        """A fault that leaves it down can be healed: a container (``docker start``) or a declared start."""
+        svc = self.services.get(role)  # type: ignore[call-overload]
+        return svc is not None and (svc.container is not None or (svc.control is not None and svc.control.start
+                                                                    is not None))
 
     def remote_hosts(self) -> list[str]:
         """Hosts of the declared URLs that are not this machine's loopback (each needs --allow-target)."""

@@ -359,3 +359,24 @@ def test_a_start_command_the_stack_file_on_disk_does_not_vouch_for_is_not_run(tm
     assert not report.ok and not report.of("undone")
     assert any("not the one the run's stack file" in i.what for i in report.of("failed"))
     assert not pidfile.exists()  # nothing was started, no pidfile written
+
+
+def test_a_container_the_stack_file_on_disk_does_not_declare_is_not_started(tmp_path):
+    from drills.stack.stackfile import load_stack_file
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\nservices:\n"
+                     "  engine: {url: 'http://127.0.0.1:8000', container: {name: proj_engine_1}}\n"
+                     "  lmcache: {url: 'http://127.0.0.1:9'}\n")
+    stack.chmod(0o644)
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=load_stack_file(stack).model_dump(mode="json"))
+    j.append("fault.undo", fault_id="f0-process", injector="process",
+             undo={"action": "start", "service": "engine", "pgid": 4242, "argv": [], "attached": True,
+                   "container_id": "0123456789ab", "container": "someone_elses_db_1",
+                   "docker_host": "unix:///var/run/docker.sock", "health_url": "http://127.0.0.1:8000/health"})
+    j.close()
+    report = rb.rollback(run, grace=1.0)
+    assert not report.ok and not report.of("undone")
+    assert any("the container is not the one the run's stack file" in i.what for i in report.of("failed"))

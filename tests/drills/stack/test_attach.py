@@ -127,6 +127,7 @@ def test_faults_the_stack_file_cannot_carry_are_refused_with_one_sentence(tmp_pa
                     "  engine: {url: 'http://127.0.0.1:8000', control: {pid: 4242, cmdline: [vllm],"
                     " start: {argv: [vllm]}}}\n"
                     "  lmcache: {url: 'http://127.0.0.1:6999', control: {pid: 4243, cmdline: [lmcache]}}\n"
+                    "  baseline: {url: 'http://127.0.0.1:8001', container: {name: proj_baseline_1}}\n"
                     "  toxiproxy: {url: 'http://127.0.0.1:8474', proxies: {lmcache: engine -> lmcache}}\n")
     spec = StackSpec(ref="attach", file=str(path))
 
@@ -138,6 +139,9 @@ def test_faults_the_stack_file_cannot_carry_are_refused_with_one_sentence(tmp_pa
     assert "cannot `kill` service `lmcache`: nothing could start it again" in why and "control.start" in why
     [why] = problems("toxiproxy", "stop")
     assert "cannot `freeze` service `toxiproxy`: it is attached by URL only" in why
+    assert problems("baseline", "kill") == [] and problems("baseline", "stop") == []  # a container: docker start
+    path.write_text(path.read_text().replace("  baseline: {url: 'http://127.0.0.1:8001', container: {name: "
+                                             "proj_baseline_1}}\n", ""))
     [why] = problems("baseline", "term")
     assert "has no service 'baseline'" in why and "engine, lmcache, toxiproxy" in why
     offered = AttachedStack.capabilities(spec)

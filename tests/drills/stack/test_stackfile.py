@@ -68,7 +68,7 @@ def test_a_stack_without_lmcache_or_a_pid_control_off_this_host_is_refused(tmp_p
     with pytest.raises(StackFileError, match="lmcache missing"):
         load_stack_file(_write(tmp_path, no_lm, "a.yaml"))
     remote = GOOD.replace("http://127.0.0.1:8000", "http://10.9.8.7:8000")
-    with pytest.raises(StackFileError, match="a pid control means a process on this host"):
+    with pytest.raises(StackFileError, match="a pid or container control means this host"):
         load_stack_file(_write(tmp_path, remote, "b.yaml"))
 
 
@@ -107,3 +107,17 @@ def test_schema_and_check_commands(tmp_path):
     bad = _write(tmp_path, GOOD.replace("    control:\n", "    contol:\n"))
     result = CliRunner().invoke(app, ["stack", "check", str(bad)])
     assert result.exit_code == 2 and f"{bad}:7:" in result.output
+
+
+def test_a_container_control_names_a_local_engine_and_excludes_a_pid_control(tmp_path):
+    container = GOOD.replace("    control:\n      pidfile: /run/kv/engine.pid\n      cmdline: [python, -m, "
+                             "vllm.entrypoints.openai.api_server]\n",
+                             "    container: {name: proj_engine_1, docker_host: 'unix:///run/docker.sock'}\n")
+    f = load_stack_file(_write(tmp_path, container, "c.yaml"))
+    assert f.controlled("engine") and f.restartable("engine")  # docker start brings it back
+    assert not f.controlled("lmcache") and not f.restartable("lmcache")
+    with pytest.raises(StackFileError, match="only a unix:///path socket"):
+        load_stack_file(_write(tmp_path, container.replace("unix:///run/docker.sock", "ssh://gpu-host"), "d.yaml"))
+    both = GOOD.replace("    control:\n", "    container: {name: x}\n    control:\n")
+    with pytest.raises(StackFileError, match="not both"):
+        load_stack_file(_write(tmp_path, both, "e.yaml"))
