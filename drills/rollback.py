@@ -148,8 +148,8 @@ class RunState:
     named: set[tuple[int, tuple[str, ...]]]  # targets.processes of its scenario: (pid, cmdline)
     started_ts: float | None
     groups: dict[int, str] = field(default_factory=dict)  # verified service groups: pgid -> label
-    # an attached stack's services (drills/stack/attach.py): pid -> start ticks as found, and service ->
-    # the start command its stack file declared (the only command rollback may run to start it again)
+    # an attached stack's services (drills/stack/attach.py): pid -> start ticks as found, and service -> the
+    # start command and pidfile, or the container, its stack file on disk declares (all rollback may start)
     attached: dict[int, str] = field(default_factory=dict)
     attached_starts: dict[str, Any] = field(default_factory=dict)
 

@@ -134,11 +134,7 @@ def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
     from drills.stack.stackfile import ProcessControl
 
     service, url = record.get("service"), str(record.get("health_url"))
-
-    def healthy() -> bool:
-        return _healthy(url)
-
-    if healthy():
+    if _healthy(url):
         report.already_healed.append(f"{service} answers {url} (it runs again)")
         return report
     control = ProcessControl(pidfile=record.get("pidfile"), pid=None if record.get("pidfile") else 2,
@@ -146,7 +142,7 @@ def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
     popen = launch(str(service), control, Path(os.devnull), Path("/"))
     deadline = time.monotonic() + float(control.start.startup_deadline)  # validated: "30s" in the journal
     while time.monotonic() < deadline and popen.poll() is None:
-        if healthy():
+        if _healthy(url):
             report.undone.append(f"started {service} again by its declared control (pid {popen.pid}), healthy")
             return report
         time.sleep(1)
@@ -169,19 +165,24 @@ def _start_attached_container(record: dict[str, Any], report: HealReport) -> Hea
     runtime's own way back), unless it answers its health URL already, and must then answer it."""
     import docker
 
+    from drills.stack.attach import docker_client
+    from drills.stack.process import StackError
+    from drills.stack.stackfile import ContainerControl
+
     service, url = record.get("service"), str(record.get("health_url"))
     if _healthy(url):
         report.already_healed.append(f"{service} answers {url} (it runs again)")
         return report
     try:
-        container = docker.DockerClient(base_url=record["docker_host"], timeout=60).containers.get(record["container_id"])
+        container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"])
+                                  ).containers.get(record["container_id"])
         if container.name != record.get("container"):
             report.failed.append(f"{service}: container {record['container_id'][:12]} is now {container.name!r}, not "
                                  f"the declared {record.get('container')!r}; not started")
             return report
         if not container.attrs.get("State", {}).get("Running"):
             container.start()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, StackError, ValueError) as exc:
         report.failed.append(f"{service}: could not start container {record.get('container')}: {exc}")
         return report
     deadline = time.monotonic() + 300
