@@ -115,6 +115,10 @@ def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
 
     f = load_stack_file(sc.stack.file or "")
     def program(s) -> str:
+        if s.control is not None and s.control.host is not None:
+            h = f.hosts[s.control.host]
+            return f"attached by pid and command line on {h.user}@{h.address} over SSH: " + " ".join(
+                Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3]))
         if s.control is not None:
             return "attached by pid and command line: " + " ".join(
                 Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3]))

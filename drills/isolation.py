@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -75,6 +75,9 @@ class Owned:
     netns_addrs: set[str] = field(default_factory=set)  # addresses inside namespaces the run created
     pgids: set[int] = field(default_factory=set)
     symbolic_hosts: set[str] = field(default_factory=set)  # dry-run: "<netns>" stands for the address to come
+    # a proxy's listen/upstream address as the proxy reports it -> the address this host reaches it at (an
+    # attached stack file's toxiproxy.host_addresses: a proxy in a container reports `[::]:6555`, `lmcache:5555`)
+    host_addresses: Callable[[str], str] | None = None
 
 
 @dataclass
@@ -144,6 +147,9 @@ class IsolationPolicy:
         return self.check_host(host, where)
 
     def check_hostport(self, hostport: str, where: str) -> Refusal | None:
+        """A proxy's listen or upstream address, judged where this host reaches it: the stack file maps a
+        containerized proxy's own addresses to published loopback ports, and the fault measures through those."""
+        hostport = self.owned.host_addresses(hostport) if self.owned.host_addresses else hostport
         host = hostport.rsplit(":", 1)[0] if ":" in hostport else hostport
         return self.check_host(host.strip("[]") or "0.0.0.0", where)
 

@@ -7,6 +7,7 @@ is corrected, and a second call does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,6 +74,25 @@ def apt_missing(packages: list[str]) -> list[str]:
     return missing
 
 
+POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+@contextlib.contextmanager
+def _no_service_starts():
+    """Debian's invoke-rc.d asks policy-rc.d before a package's postinst starts its daemon; exit 101 means
+    "not now". Without it, installing docker.io or openssh-server would start dockerd and an sshd on every
+    address of the machine. A policy the machine already has is left as it is."""
+    if POLICY_RC_D.exists() or POLICY_RC_D.is_symlink():
+        yield
+        return
+    POLICY_RC_D.write_text("#!/bin/sh\n# kvdrill setup: no daemon starts while it installs packages\nexit 101\n")
+    POLICY_RC_D.chmod(0o755)
+    try:
+        yield
+    finally:
+        POLICY_RC_D.unlink(missing_ok=True)
+
+
 def ensure_system_packages(pins: Pins, console: Console) -> None:
     """Install the Debian packages pins.toml names (libibverbs1: every Mooncake binary links it).
 
@@ -92,9 +112,10 @@ def ensure_system_packages(pins: Pins, console: Console) -> None:
     install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     console.print(f"[dim]$ {' '.join(install)}[/dim]")
-    if subprocess.run(install, env=env).returncode != 0:
-        _run(["apt-get", "update"], console, env)
-        _run(install, console, env)
+    with _no_service_starts():
+        if subprocess.run(install, env=env).returncode != 0:
+            _run(["apt-get", "update"], console, env)
+            _run(install, console, env)
     left = apt_missing(missing)
     if left:
         raise SetupError(f"system packages still missing after apt-get install: {' '.join(left)}")

@@ -398,11 +398,14 @@ def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
         st = os.stat(path)
         if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return {}
-        services = load_stack_file(path).services.items()
+        f = load_stack_file(path)
     except (OSError, StackFileError):
         return {}
-    on_disk = {n: {"start": s.control.start.model_dump(mode="json"), "pidfile": s.control.pidfile}
-               for n, s in services if s.control is not None and s.control.start is not None}
+    services = f.services.items()
+    on_disk = {n: {"start": s.control.start.model_dump(mode="json") if s.control.start else None,
+                   "pidfile": s.control.pidfile,
+                   "ssh": h.model_dump(mode="json") if (h := f.ssh_host(n)) is not None else None}
+               for n, s in services if s.control is not None and (s.control.start is not None or s.control.host)}
     containers = {n: s.container.model_dump(mode="json") for n, s in services if s.container is not None}
     return {**{n: v for n, v in on_disk.items() if isinstance(recorded.get(n), dict)
                and (recorded[n].get("control") or {}).get("start") == v["start"]},
@@ -413,6 +416,8 @@ def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
 def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dict[int, list[str]]) -> str | None:
     if not isinstance(rec, dict):
         return "undo is not an object"
+    if rec.get("ssh") is not None:
+        return _vet_remote(rec, state)
     if rec.get("action") == "start" and rec.get("attached"):
         # the one command rollback runs: it must be the start command the attached stack file declared
         want = state.attached_starts.get(str(rec.get("service")))
@@ -445,6 +450,29 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
     if argv and not leader_runs(pgid, argv):
         return None  # the undo, given this argv, says the leader runs another command and signals nothing
     return f"group {pgid} is not one the run started (its leader carries no KVDRILL_RUN tag of this run)"
+
+
+def _vet_remote(rec: dict[str, Any], state: RunState) -> str | None:
+    """A service on an SSH host: the host (address, port, account, key files) must be the one the run's stack
+    file on disk declares for that service, and a start must be its declared start; the undo itself then
+    checks, over SSH, that the pid still runs the recorded command from the recorded start time."""
+    want = state.attached_starts.get(str(rec.get("service"))) or {}
+    if not rec.get("attached") or want.get("ssh") is None or want["ssh"] != rec.get("ssh"):
+        return ("the SSH host is not the one the run's stack file (as it is on disk, owned by you and writable by "
+                "no one else) declares for this service: not contacted")
+    if rec.get("action") == "start":
+        if want.get("start") != rec.get("start") or want.get("pidfile") != rec.get("pidfile"):
+            return ("the start command is not the one the run's stack file (as it is on disk, owned by you and "
+                    "writable by no one else) declares for this service: not run")
+        try:
+            url = urlsplit(str(rec.get("health_url")))
+            if url.scheme not in ("http", "https") or url.username or url.hostname != want["ssh"].get("address"):
+                return f"health url {rec.get('health_url')!r} is not plain http to the declared host"
+        except ValueError as exc:
+            return f"health url {rec.get('health_url')!r}: {exc}"
+    elif rec.get("action") == "cont" and _pid(rec.get("pgid")) is None:
+        return f"pgid {str(rec.get('pgid'))[:60]!r} is not a process id"
+    return None
 
 
 def _vet_named(rec: Any, state: RunState) -> str | None:

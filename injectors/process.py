@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,7 +65,8 @@ def frozen(states: dict[int, str]) -> bool:
     return bool(live) and all(s == "T" for s in live)
 
 
-async def until_frozen(pids: set[int], within: float = FREEZE_LANDS_WITHIN_S) -> dict[int, str]:
+async def until_frozen(pids: set[int], within: float = FREEZE_LANDS_WITHIN_S,
+                       read: Callable[[set[int]], dict[int, str]] | None = None) -> dict[int, str]:
     """The states of ``pids`` once every live one is stopped, or when ``within`` has passed.
 
     The pids are read once, after the SIGSTOP: a stopping group forks no new member (a fork that meets
@@ -72,7 +74,7 @@ async def until_frozen(pids: set[int], within: float = FREEZE_LANDS_WITHIN_S) ->
     that is already frozen is reported without giving other tasks (a thaw timer) a turn."""
     deadline = time.monotonic() + within
     while True:
-        states = process_states(pids)
+        states = (read or process_states)(pids)
         live = [s for s in states.values() if s not in DEAD]
         if not live or all(s == "T" for s in live) or time.monotonic() >= deadline:  # none left to wait for
             return states
@@ -86,6 +88,8 @@ def undo(record: dict[str, Any]) -> HealReport:
     rest of the stack anyway. Idempotent."""
     report = HealReport()
     action, service, pgid = record.get("action"), record.get("service"), record.get("pgid")
+    if record.get("attached") and isinstance(record.get("ssh"), dict) and action in ("start", "cont"):
+        return _undo_remote(record, report)
     if action == "start" and record.get("attached") and record.get("container_id"):
         return _start_attached_container(record, report)
     if action == "start" and record.get("attached") and isinstance(record.get("start"), dict):
@@ -148,6 +152,52 @@ def _start_attached(record: dict[str, Any], report: HealReport) -> HealReport:
         time.sleep(1)
     report.failed.append(f"{service}: started again by its declared control (pid {popen.pid}), but "
                          + ("it exited" if popen.poll() is not None else f"not healthy at {url} in time"))
+    return report
+
+
+def _undo_remote(record: dict[str, Any], report: HealReport) -> HealReport:
+    """A service on an SSH host (rollback vetted the host against the stack file on disk): thaw its group
+    while its leader still runs the recorded command from the recorded start, or start it again by its
+    declared start unless it answers its health URL already."""
+    from drills.stack import ssh
+    from drills.stack.stackfile import SshHost
+
+    service, pgid = record.get("service"), record.get("pgid")
+    host = SshHost.model_validate(record["ssh"])
+    try:
+        if record["action"] == "start":
+            url = str(record.get("health_url"))
+            if _healthy(url):
+                report.already_healed.append(f"{service} answers {url} (it runs again)")
+                return report
+            start = record["start"]
+            pid = ssh.start(host, start["argv"], start.get("env") or {}, start.get("cwd"), start.get("log") or "/dev/null")
+            if record.get("pidfile"):
+                ssh.write_text(host, record["pidfile"], f"{pid}\n")
+            deadline = time.monotonic() + float(start.get("startup_deadline") or 300)
+            while time.monotonic() < deadline and ssh.alive(host, pid):
+                if _healthy(url):
+                    report.undone.append(f"started {service} again on {host.address} by its declared control "
+                                         f"(pid {pid}), healthy")
+                    return report
+                time.sleep(1)
+            report.failed.append(f"{service}: started again on {host.address} (pid {pid}), but "
+                                 + ("it exited" if not ssh.alive(host, pid) else f"not healthy at {url} in time"))
+            return report
+        argv = [str(a) for a in record.get("argv") or []]
+        if ssh.cmdline(host, int(pgid)) != argv or ssh.start_ticks(host, int(pgid)) != record.get("start_ticks"):
+            report.already_healed.append(f"{service}: pid {pgid} on {host.address} no longer runs the recorded "
+                                         "command from the recorded start; not signalled")
+            return report
+        members = ssh.group(host, int(pgid), bool(record.get("leads_group")))
+        stopped = [p for p, st in ssh.states(host, members).items() if st == "T"]
+        ssh.kill(host, signal.SIGCONT, members, group_of=int(pgid) if record.get("leads_group") else None)
+    except ssh.SshError as exc:
+        report.failed.append(f"{service}: {exc}")
+        return report
+    (report.undone if stopped else report.already_healed).append(
+        f"SIGCONT to {service} group {pgid} on {host.address}" + (f" ({len(stopped)} stopped process(es))"
+                                                                 if stopped else " (none was stopped)"))
     return report
 
 
@@ -256,7 +306,7 @@ class ProcessFault(Injector):
         self._svc = svc
         members = svc.group()
         self.target = {"service": self.p.service, "pgid": svc.pid, "generation": svc.generation,
-                       "members": sorted(members), "states": process_states(members)}
+                       "members": sorted(members), "states": svc.states(members)}
         return [self.target]
 
     async def inject(self) -> None:
@@ -278,6 +328,10 @@ class ProcessFault(Injector):
                                     service_down=False)
             return
         sig = SIGNALS[self.p.action]
+        # the service is down from the moment the signal is sent: a request in flight can fail before the
+        # signal call returns (a container's kill goes through the Docker API), and this event is journaled
+        # only after the landing probe, so checkers take the window's start from here, not from the event
+        signalled_at = time.time()
         try:
             svc.signal(sig)
         except ProcessLookupError as exc:
@@ -286,13 +340,13 @@ class ProcessFault(Injector):
         self.landing = await self._probe_landing()
         self.ctx.journal.append("fault.injected", fault_id=self.ctx.fault_id, injector=self.name,
                                 service=self.p.service, signal=sig.name, pgid=svc.pid, landing=self.landing,
-                                service_down=self.p.action in ("term", "kill", "stop"))
+                                service_down=self.p.action in ("term", "kill", "stop"), signalled_at=signalled_at)
         if self.p.action == "stop":
             # the fault is in place when the whole group is stopped, not when the signal is queued: verify
             # reads that, and freeze_for counts from it (a SIGCONT sent before a SIGSTOP lands cancels it,
             # so a timer counted from the signal could thaw a group that never froze)
             members = set(self.target["members"]) | svc.group()
-            states = await until_frozen(members)
+            states = await until_frozen(members, read=svc.states)
             self.frozen_after_s = round(time.time() - self.injected_at, 3) if frozen(states) else None
             if self.p.freeze_for is not None:
                 self._thaw = asyncio.create_task(self._thaw_later(svc, self.p.freeze_for))
@@ -344,7 +398,7 @@ class ProcessFault(Injector):
         # read at once: inject returned after the SIGSTOP landed (or gave up waiting), and a SIGCONT wakes
         # the group before kill() returns; no await here, so a freeze_for thaw cannot run before the read
         members = set(self.target["members"]) | self._svc.group()
-        states = process_states(members)
+        states = self._svc.states(members)
         live = {p: s for p, s in states.items() if s not in DEAD}
         exited = f" ({len(states) - len(live)} exited, not yet reaped)" if len(live) < len(states) else ""
         if action == "stop":

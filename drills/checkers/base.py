@@ -101,7 +101,10 @@ class RunView:
             if e.data.get("service_down"):
                 fid = e.data.get("fault_id")
                 end = self._healed.get(fid, float("inf")) if _key(fid) else float("inf")
-                self._down.append(DownWindow(service=e.data.get("service", ""), fault_id=fid, start=e.ts, end=end,
+                # from the signal (journaled with the event, which comes after the landing probe)
+                sent = e.data.get("signalled_at")
+                start = sent if isinstance(sent, (int, float)) and not isinstance(sent, bool) and sent <= e.ts else e.ts
+                self._down.append(DownWindow(service=e.data.get("service", ""), fault_id=fid, start=start, end=end,
                                              ref=e.ref))
         # model-upgrade faults: while one holds, the judging oracle's answers asked for it (oracle_set) are
         # the reference

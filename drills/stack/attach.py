@@ -1,8 +1,9 @@
 """``attach``: drill a stack kvdrill did not start, described by a stack file (``drills/stack/stackfile.py``).
 
 The runtime is the user's. kvdrill starts nothing and stops nothing on its own account: ``up`` finds
-every declared service (by URL, and by pid with its exact command line where a control is declared)
-and checks it is healthy; ``down`` stops nothing and checks the stack is as it was found. A fault that
+every declared service (by URL, and by pid with its exact command line where a control is declared:
+on this host through /proc, on a stack file's SSH host through ``drills/stack/ssh.py``, or as a
+container on a local Docker engine) and checks it is healthy; ``down`` stops nothing and checks the stack is as it was found. A fault that
 stops a service is healed by starting it again with the service's declared ``start`` command and
 waiting until it is healthy; where no such command is declared, the fault is refused before anything
 is injected (:meth:`AttachedStack.fault_problems`), because nothing could return the stack to the state
@@ -34,6 +35,7 @@ from drills.isolation import Owned
 from drills.journal import Journal
 from drills.procstat import PGRP, PPID, start_ticks, stat_fields
 from drills.scenario import StackSpec
+from drills.stack import ssh
 from drills.stack.api import Capability
 from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
 from drills.stack.process import (
@@ -48,7 +50,7 @@ from drills.stack.process import (
     terminate_group,
 )
 from drills.stack.sandbox import SandboxStack
-from drills.stack.stackfile import ContainerControl, ProcessControl, StackFile, is_loopback, load_stack_file
+from drills.stack.stackfile import ContainerControl, ProcessControl, SshHost, StackFile, is_loopback, load_stack_file
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "compose" / "attach" / "my-stack.yaml"
 LEAVES_DOWN = ("term", "kill", "restart")  # process actions that need the service started again
@@ -162,6 +164,60 @@ class AttachedContainer(RunningContainer):
                 "health_url": self.spec.health_url}
 
 
+@dataclass
+class RemoteService(RunningService):
+    """A declared service whose process runs on another machine (``control.host``): found, signalled and
+    started again over SSH; its pids are that host's, read from its ``ps`` at each step, never this
+    host's /proc. Its log is followed over SSH into the run's logs/."""
+
+    control: ProcessControl | None = None
+    host: SshHost | None = None
+    start_ticks: str | None = None
+    leads_group: bool = False
+    _stop_follow: threading.Event | None = None
+
+    def group(self) -> set[int]:
+        return ssh.group(self.host, self.pid, self.leads_group)  # type: ignore[arg-type]
+
+    def states(self, pids: set[int]) -> dict[int, str]:
+        return ssh.states(self.host, pids)  # type: ignore[arg-type]
+
+    def signal(self, sig: int) -> None:
+        if self.leads_group:
+            ssh.kill(self.host, sig, set(), group_of=self.pid)  # type: ignore[arg-type]
+            return
+        members = self.group()
+        if not members:
+            raise ProcessLookupError(self.pid)
+        ssh.kill(self.host, sig, members)  # type: ignore[arg-type]
+
+    def undo_target(self) -> dict[str, Any]:
+        start = self.control.start if self.control is not None else None
+        return {"attached": True, "ssh": self.host.model_dump(mode="json"), "start_ticks": self.start_ticks,  # type: ignore[union-attr]
+                "health_url": self.spec.health_url, "leads_group": self.leads_group,
+                **({"start": start.model_dump(mode="json"), "pidfile": self.control.pidfile}  # type: ignore[union-attr]
+                   if start else {})}
+
+    def follow_log(self, path: str | None, local: Path, from_byte: int | None = None) -> None:
+        if path is None:
+            return
+        self._stop_follow = threading.Event()
+        threading.Thread(target=ssh.follow, args=(self.host, path, local, self._stop_follow, from_byte), daemon=True,
+                         name=f"ssh-log-{self.spec.name}-{self.generation}").start()
+
+
+def read_remote_pid(host: SshHost, control: ProcessControl) -> int:
+    if control.pid is not None:
+        return control.pid
+    try:
+        text = ssh.read_text(host, control.pidfile or "", 64).strip()
+    except ssh.SshError as exc:
+        raise StackError(f"cannot read pidfile {control.pidfile} on {host.address}: {exc}") from exc
+    if not text.isdigit() or int(text) < 2:
+        raise StackError(f"pidfile {control.pidfile} on {host.address} holds {text[:20]!r}, not a pid")
+    return int(text)
+
+
 def docker_client(declared: ContainerControl):
     """A client of the engine the stack file names (never another one): its socket must be a socket."""
     import stat as stat_mod
@@ -218,6 +274,8 @@ class AttachDriver(ServiceDriver):
             return self._adopt_container(name, health_url, declared.container, generation=0)
         control = declared.control
         assert control is not None
+        if control.host is not None:
+            return self._adopt_remote(name, health_url, control, generation=0)
         pid = read_pid(control)
         actual = cmdline_of(pid)
         if actual is None:
@@ -234,6 +292,39 @@ class AttachDriver(ServiceDriver):
         self.services[name] = svc
         self.journal.append("service.attached", service=name, pid=pid, cmdline=actual, start_ticks=svc.start_ticks,
                             leads_group=svc.leads_group, members=sorted(svc.members), health=health_url)
+        return svc
+
+    def _adopt_remote(self, name: str, health_url: str, control: ProcessControl, generation: int,
+                      pid: int | None = None, log_from: int | None = None) -> RemoteService:
+        """A service on an SSH host: its pid runs the declared command line there (or was just started)."""
+        host = self.stack_file.hosts[control.host]  # type: ignore[index]
+        try:
+            pid = pid if pid is not None else read_remote_pid(host, control)
+            actual = ssh.cmdline(host, pid)
+            procs = ssh.processes(host)
+        except ssh.SshError as exc:
+            raise StackError(f"{name}: {exc}") from exc
+        if generation == 0 and actual is None:
+            raise StackError(f"{name}: pid {pid} does not run on {host.address} (the stack file's control names it)")
+        if generation == 0 and actual != list(control.cmdline):
+            raise StackError(f"{name}: pid {pid} on {host.address} runs {actual}, not the command line the stack "
+                             f"file declares ({control.cmdline}); refusing to touch it (update cmdline: if the service "
+                             "was restarted with other flags)")
+        spec = ServiceSpec(name=name, argv=list(control.cmdline), env={}, health_url=health_url,
+                           startup_deadline=control.start.startup_deadline if control.start else 300.0)
+        svc = RemoteService(spec=spec, popen=ssh.RemoteWatch(host, pid), log_path=self.log_dir / f"{name}.log",  # type: ignore[arg-type]
+                            generation=generation, started_at=time.monotonic(), control=control, host=host,
+                            start_ticks=ssh.start_ticks(host, pid), leads_group=pid in procs and procs[pid].pgid == pid)
+        svc.members = svc.group()
+        log = self.stack_file.services[name].log  # type: ignore[index]
+        svc.follow_log(control.start.log if generation and control.start and control.start.log else log,
+                       svc.log_path, log_from)
+        self.services[name] = svc
+        self.journal.append("service.attached" if generation == 0 else "service.restarted_by_control",
+                            service=name, pid=pid, host=f"{host.user}@{host.address}:{host.port}", cmdline=actual,
+                            start_ticks=svc.start_ticks, leads_group=svc.leads_group, members=sorted(svc.members),
+                            health=health_url, **({"argv": control.start.argv, "pidfile": control.pidfile}
+                                                  if generation and control.start else {}))
         return svc
 
     def _log_path(self, name: str) -> Path:
@@ -276,6 +367,8 @@ class AttachDriver(ServiceDriver):
         control = self.stack_file.services[spec.name].control  # type: ignore[index]
         if control is None or control.start is None:
             raise StackError(f"{spec.name} has no start command in the stack file: kvdrill cannot start it again")
+        if control.host is not None:
+            return await asyncio.to_thread(self._start_remote, spec, control)
         gen = self._next_generation(spec.name)
         popen = await asyncio.to_thread(launch, spec.name, control, self._log_path(spec.name), self.log_dir)
         svc = AttachedService(spec=spec, popen=popen, log_path=self._log_path(spec.name), generation=gen,
@@ -284,6 +377,20 @@ class AttachDriver(ServiceDriver):
         self.journal.append("service.restarted_by_control", service=spec.name, pid=popen.pid, generation=gen,
                             argv=control.start.argv, pidfile=control.pidfile, start_ticks=svc.start_ticks)
         return svc
+
+    def _start_remote(self, spec: ServiceSpec, control: ProcessControl) -> RemoteService:
+        host, start = self.stack_file.hosts[control.host], control.start  # type: ignore[index]
+        assert start is not None
+        log = start.log or self.stack_file.services[spec.name].log or "/dev/null"  # type: ignore[index]
+        try:
+            log_from = ssh.size(host, log) or 0  # the new generation's log, from its banner on
+            pid = ssh.start(host, start.argv, start.env, start.cwd, log)
+            if control.pidfile:  # the next attach (and the user's own tools) find the process that runs now
+                ssh.write_text(host, control.pidfile, f"{pid}\n")
+        except ssh.SshError as exc:
+            raise StackError(f"{spec.name}: {exc}") from exc
+        return self._adopt_remote(spec.name, spec.health_url, control, self._next_generation(spec.name), pid=pid,
+                                  log_from=log_from)
 
     async def stop(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         """Stop one attached service (a fault's restart asked for it): its group or tree, SIGKILL after grace."""
@@ -294,6 +401,8 @@ class AttachDriver(ServiceDriver):
         members = svc.members | svc.group() | {svc.pid}
         if isinstance(svc, AttachedContainer):
             sent = await asyncio.to_thread(_stop_container, svc, sig, grace) if svc.alive else []
+        elif isinstance(svc, RemoteService):
+            sent = await asyncio.to_thread(_stop_remote, svc, sig, grace)
         elif not svc.group():
             sent = []  # a kill fault got there first: nothing to signal, only its leftovers to clear
         elif svc.leads_group:
@@ -308,7 +417,15 @@ class AttachDriver(ServiceDriver):
                 sent.append("SIGKILL")
                 svc.signal(signal.SIGKILL)
         await asyncio.to_thread(svc.popen.wait, 30)
-        cleaned = remove_shm_of(members, self.shm_before)
+        if isinstance(svc, RemoteService) and svc._stop_follow is not None:
+            svc._stop_follow.set()
+        if isinstance(svc, RemoteService):  # on its own host, only what its exited pids left under their names
+            try:
+                cleaned = await asyncio.to_thread(ssh.remove_shm_named_after, svc.host, members - svc.group())
+            except ssh.SshError as exc:
+                cleaned = [{"error": str(exc)}]
+        else:
+            cleaned = remove_shm_of(members, self.shm_before)
         del self.services[name]
         self.journal.append("service.stopped", service=name, pid=svc.pid, generation=svc.generation, signals=sent,
                             returncode=svc.popen.returncode, group=sorted(members), shm_segments_left_behind=cleaned,
@@ -316,6 +433,27 @@ class AttachDriver(ServiceDriver):
 
     async def stop_all(self) -> None:
         """Nothing: the user's services stay as they run."""
+
+
+def _stop_remote(svc: RemoteService, sig: int, grace: float) -> list[str]:
+    """Signal a remote service's group (or tree) and wait for it to go; SIGKILL what is left after grace."""
+    if not svc.group():
+        return []  # a kill fault got there first
+    sent = [signal.Signals(sig).name]
+    try:
+        svc.signal(sig)
+    except ProcessLookupError:
+        return sent
+    deadline = time.monotonic() + grace
+    while svc.group() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if svc.group():
+        sent.append("SIGKILL")
+        try:
+            svc.signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return sent
 
 
 class AttachedStack(SandboxStack):
@@ -450,7 +588,7 @@ class AttachedStack(SandboxStack):
     def _link_logs(self) -> None:
         """The declared logs, under the run's logs/ (symlinks), where reports and the log checks look."""
         for name, s in self.stack_file.services.items():
-            if s.log:
+            if s.log and self.stack_file.ssh_host(name) is None:  # another host's log is followed over SSH
                 link = self.driver.log_dir / f"{name}.log"
                 if not link.exists() and not link.is_symlink():
                     link.symlink_to(Path(s.log))
@@ -508,13 +646,33 @@ class AttachedStack(SandboxStack):
         """A proxy's listen or upstream address as this host reaches it (the stack file's host_addresses,
         for a proxy in a container); as reported otherwise."""
         tp = self.stack_file.services.get("toxiproxy")
-        return tp.host_addresses.get(address, address) if tp is not None else address
+        return tp.reach(address) if tp is not None else address
 
     def owned(self) -> Owned:
         """The stack file is the isolation declaration: its L2 directory, its controlled processes (as they
         run now), and the run's own directory."""
         dirs = [self.run_dir, *([self.stack_file.l2_dir] if self.stack_file.l2_dir else [])]
-        return Owned(dirs=dirs, pgids={svc.pid for svc in self.driver.services.values()})
+        tp = self.stack_file.services.get("toxiproxy")
+        return Owned(dirs=dirs, pgids={svc.pid for svc in self.driver.services.values()},
+                     host_addresses=tp.reach if tp is not None else None)
+
+    async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
+        """With a declared L2, the sandbox's wait (every full chunk has its file). Without one (the stack file
+        leaves it out, or it is on another host), warm is done when LMCache reports no store in flight or
+        pending: the chunk files cannot be counted from here, and the journal says so."""
+        if self.stack_file.l2_dir is not None:
+            return await super().wait_for_stores(token_lists, deadline_s, mark)
+        deadline = time.monotonic() + deadline_s
+        while True:
+            ctl = (await self.lmcache_status()).get("storage_manager", {}).get("store_controller", {})
+            if ctl.get("in_flight_task_count", 0) == 0 and ctl.get("pending_keys_count", 0) == 0:
+                break
+            if time.monotonic() > deadline:
+                raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: LMCache still has stores in flight")
+            await asyncio.sleep(0.5)
+        chunks = sum(len(row) for row in await asyncio.to_thread(self.chunk_files, token_lists))
+        return {"chunks": chunks, "files": None, "bytes": None,
+                "l2": "not declared in the stack file: chunk files not counted"}
 
     async def reset_for_reuse(self) -> dict[str, Any]:
         return {}  # the user's L1 and L2 are not emptied between drills

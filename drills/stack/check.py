@@ -1,7 +1,8 @@
 """``kvdrill stack check FILE``: before a drill on a stack you run, reach every service the stack file
 declares, check every declared control, record what runs (vLLM's /version, the served model, LMCache's
 /status), say which oracle a drill will use and why, and which fault families and process actions this
-stack can carry (and why not). Nothing is changed on the stack: only GETs and /proc reads.
+stack can carry (and why not). Nothing is changed on the stack: only GETs and /proc reads (over SSH for
+a service on another host).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ async def _get(http: httpx.AsyncClient, url: str, headers: dict[str, str] | None
 
 
 async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ...] = ()) -> CheckResult:
-    from drills.stack.attach import AttachedStack, cmdline_of, find_container, read_pid
+    from drills.stack import ssh
+    from drills.stack.attach import AttachedStack, cmdline_of, find_container, read_pid, read_remote_pid
     from drills.stack.process import StackError
     from injectors.base import registry
 
@@ -87,7 +89,20 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
                 missing = sorted(set(svc.proxies) - set(seen["proxies"] or []))
                 if missing:
                     result.problems.append(f"toxiproxy: no proxy {missing} (it has {seen['proxies']})")
-            if svc.control is not None:
+            remote = stack.ssh_host(name)
+            if svc.control is not None and remote is not None:
+                seen["control"] = (f"pid and cmdline on {remote.user}@{remote.address}:{remote.port} over SSH"
+                                   + (", start command" if svc.control.start else ", no start command"))
+                try:
+                    pid = read_remote_pid(remote, svc.control)
+                    actual = ssh.cmdline(remote, pid)
+                    seen |= {"pid": pid, "host": remote.address}
+                    if actual != list(svc.control.cmdline):
+                        result.problems.append(f"{name}: pid {pid} on {remote.address} runs {actual}, not the "
+                                               f"declared cmdline {list(svc.control.cmdline)}")
+                except (StackError, ssh.SshError) as exc:
+                    result.problems.append(f"{name}: {exc}")
+            elif svc.control is not None:
                 try:
                     pid = read_pid(svc.control)
                     actual = cmdline_of(pid)

@@ -133,6 +133,12 @@ class RunningContainer:
             self.container.reload()
         return pids - exec_trees(self.container, pids)
 
+    def states(self, pids: set[int]) -> dict[int, str]:
+        """State letters from this host's /proc: the engine is local, so a container's pids are host pids."""
+        from injectors.process import process_states
+
+        return process_states(pids)
+
     def signal(self, sig: int) -> None:
         """``docker kill -s SIG`` to the container's main process, then the same signal to every other
         process in it: with ``pid: host`` there is no namespace init whose death takes the rest along,

@@ -96,6 +96,12 @@ class RunningService:
     def signal(self, sig: int) -> None:
         os.killpg(self.pid, sig)
 
+    def states(self, pids: set[int]) -> dict[int, str]:
+        """The state letter (R, S, D, T, Z, ...) of each live pid of ``pids``, where this service runs."""
+        from injectors.process import process_states
+
+        return process_states(pids)
+
     def undo_target(self) -> dict[str, Any]:
         return {}
 

@@ -47,9 +47,22 @@ class StartSpec(_Strict):
     startup_deadline: Duration = Field(300.0, description="how long it may take to answer its health URL again")
 
 
+class SshHost(_Strict):
+    """Another machine, reached over SSH: its services' processes are read, signalled and started again
+    there (``drills/stack/ssh.py``). Its host key must already be in ``known_hosts``: kvdrill never learns one."""
+
+    address: str = Field(description="its address, as the services' URLs name it (a non-loopback address also "
+                                     "needs --allow-target)")
+    port: int = Field(22, ge=1, le=65535)
+    user: str = Field(description="the account kvdrill logs in as (it must be able to signal the services)")
+    identity_file: str | None = Field(None, description="private key file (default: the SSH agent and ~/.ssh keys)")
+    known_hosts: str = Field("~/.ssh/known_hosts", description="known_hosts file that holds the host's key")
+
+
 class ProcessControl(_Strict):
-    """A process on this host that kvdrill may signal: an exact pid (or a pidfile naming it) and the exact
-    command line it runs, so a recycled pid or a process restarted with other flags is refused."""
+    """A process that kvdrill may signal: an exact pid (or a pidfile naming it) and the exact command line
+    it runs, so a recycled pid or a process restarted with other flags is refused. On this host, or on a
+    host of the stack file's ``hosts:`` (``host:``), where pidfile, cmdline, start and log are that host's."""
 
     pid: int | None = Field(None, ge=2, description="the service's main pid (the leader of its process group, or "
                                                     "the root of its process tree)")
@@ -58,6 +71,8 @@ class ProcessControl(_Strict):
     cmdline: list[str] = Field(min_length=1, description="exactly /proc/PID/cmdline, one list item per argument")
     start: StartSpec | None = Field(None, description="how to start it again; without it, only faults that leave "
                                                       "it running (stop/cont, network, KV) may target it")
+    host: str | None = Field(None, description="a name under hosts: when the process runs on that machine "
+                                               "(reached over SSH); omitted: this host")
 
     @model_validator(mode="after")
     def _one_pid(self) -> ProcessControl:
@@ -119,7 +134,14 @@ class Service(_Strict):
     host_addresses: dict[str, str] = Field(default_factory=dict, description=(
         "toxiproxy only: where this host reaches an address the proxy reports, when it runs in a container "
         "(its listen and upstream addresses as published), e.g. {'0.0.0.0:6555': '127.0.0.1:16555', "
-        "'lmcache:5555': '127.0.0.1:15555'}: kvdrill measures a toxic through the proxy and beside it"))
+        "'lmcache:5555': '127.0.0.1:15555'}: kvdrill measures a toxic through the proxy and beside it; a wildcard "
+        "listen matches 0.0.0.0, [::] or none alike"))
+
+    def reach(self, address: str) -> str:
+        """toxiproxy only: ``address`` (a listen or upstream the proxy reports) as this host reaches it. A
+        wildcard listen matches whichever way it is written: Toxiproxy reports ``0.0.0.0:6555`` as ``[::]:6555``."""
+        want = _wildcard(address)
+        return next((v for k, v in self.host_addresses.items() if _wildcard(k) == want), address)
 
     @field_validator("url")
     @classmethod
@@ -144,6 +166,8 @@ class StackFile(_Strict):
     served_model: str = Field(description="the model name the engine serves (its --served-model-name)")
     model_path: str | None = Field(None, description="the engine's model directory on this host (its weights' "
                                                      "digest goes into the versions manifest)")
+    hosts: dict[str, SshHost] = Field(default_factory=dict, description="other machines services run on, by "
+                                                                        "name (a control's host: names one)")
     services: dict[Role, Service] = Field(description="engine and lmcache are required; baseline and toxiproxy "
                                                       "are optional")
 
@@ -168,9 +192,21 @@ class StackFile(_Strict):
             if role != "toxiproxy" and (svc.proxies or svc.token_file or svc.host_addresses):
                 raise ValueError(f"services.{role}: proxies, token_file and host_addresses belong to the toxiproxy "
                                  "service")
-            if (svc.control or svc.container) is not None and not is_loopback(svc.host):
-                raise ValueError(f"services.{role}: a pid or container control means this host, but its url names "
-                                 f"{svc.host}")
+            remote = svc.control.host if svc.control is not None else None
+            if remote is not None:
+                if remote not in self.hosts:
+                    raise ValueError(f"services.{role}.control.host: {remote!r} is not under hosts: (declared: "
+                                     f"{', '.join(sorted(self.hosts)) or 'none'})")
+                if svc.host != self.hosts[remote].address:
+                    raise ValueError(f"services.{role}: its control runs on host {remote} "
+                                     f"({self.hosts[remote].address}), but its url names {svc.host}")
+                if svc.l2 is not None:
+                    raise ValueError(f"services.{role}.l2: an L2 on another host is not reachable by kv_corrupt yet "
+                                     "(its chunk files would be read and written over SSH); leave l2: out")
+            elif (svc.control or svc.container) is not None and not is_loopback(svc.host):
+                raise ValueError(f"services.{role}: a pid or container control without host: means this host, but "
+                                 f"its url names {svc.host} (declare the machine under hosts: and name it in "
+                                 "control.host)")
         if "toxiproxy" in self.services and not self.services["toxiproxy"].proxies:
             raise ValueError("services.toxiproxy.proxies: name at least one proxy and the link it carries")
         return self
@@ -189,6 +225,12 @@ class StackFile(_Strict):
         return svc is not None and (svc.container is not None or (svc.control is not None and svc.control.start
                                                                     is not None))
 
+    def ssh_host(self, role: str) -> SshHost | None:
+        """The machine a service's declared process runs on, when it is not this one."""
+        svc = self.services.get(role)  # type: ignore[call-overload]
+        name = svc.control.host if svc is not None and svc.control is not None else None
+        return self.hosts[name] if name is not None else None
+
     def remote_hosts(self) -> list[str]:
         """Hosts of the declared URLs that are not this machine's loopback (each needs --allow-target)."""
         return sorted({s.host for s in self.services.values() if not is_loopback(s.host)})
@@ -197,6 +239,11 @@ class StackFile(_Strict):
     def l2_dir(self) -> Path | None:
         l2 = self.services["lmcache"].l2
         return Path(l2.path) if l2 is not None else None
+
+
+def _wildcard(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    return f"*:{port}" if host.strip("[]") in ("", "0.0.0.0", "::") else address
 
 
 def is_loopback(host: str) -> bool:

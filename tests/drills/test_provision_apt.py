@@ -36,12 +36,41 @@ def pins():
     return replace(load_pins(), apt=["libibverbs1"])
 
 
+@pytest.fixture(autouse=True)
+def policy(monkeypatch, tmp_path):
+    """The policy-rc.d setup writes around an install, in the test's own directory, never /usr/sbin."""
+    path = tmp_path / "policy-rc.d"
+    monkeypatch.setattr(provision, "POLICY_RC_D", path)
+    return path
+
+
+def test_no_daemon_starts_while_packages_install_and_an_existing_policy_is_left_alone(monkeypatch, pins, policy):
+    monkeypatch.setattr(provision.os, "geteuid", lambda: 0)
+    seen = []
+    fake = FakeSystem(set())
+
+    def run(cmd, *a, **kw):
+        if cmd[0] == "apt-get":
+            seen.append(policy.read_text() if policy.exists() else None)
+        return fake.run(cmd, *a, **kw)
+
+    monkeypatch.setattr(provision.subprocess, "run", run)
+    provision.ensure_system_packages(pins, Console(quiet=True))
+    assert seen and seen[0].rstrip().endswith("exit 101") and not policy.exists()
+
+    policy.write_text("#!/bin/sh\nexit 0\n")  # the machine's own policy: used as it is, not replaced or removed
+    seen.clear()
+    fake.installed.clear()
+    provision.ensure_system_packages(pins, Console(quiet=True))
+    assert seen == ["#!/bin/sh\nexit 0\n"] and policy.read_text() == "#!/bin/sh\nexit 0\n"
+
+
 def test_pins_name_the_system_packages_and_the_mooncake_wheel():
     pins = load_pins()
     # Mooncake; the namespace + kernelnet; faultfs; loop ext4; the report.html test's headless browser;
     # the container stacks (engine, compose v1, the registry-free base image)
     assert pins.apt == ["libibverbs1", "iproute2", "nftables", "fuse3", "libfuse3-3", "e2fsprogs", "chromium",
-                        "docker.io", "docker-compose", "debootstrap"]
+                        "docker.io", "docker-compose", "debootstrap", "openssh-server"]
     assert pins.version_of("mooncake-transfer-engine-non-cuda") == "0.3.13.post1"
 
 

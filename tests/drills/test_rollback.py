@@ -380,3 +380,34 @@ def test_a_container_the_stack_file_on_disk_does_not_declare_is_not_started(tmp_
     report = rb.rollback(run, grace=1.0)
     assert not report.ok and not report.of("undone")
     assert any("the container is not the one the run's stack file" in i.what for i in report.of("failed"))
+
+
+@pytest.mark.parametrize("forged", ["another host", "another start"])
+def test_a_service_on_an_ssh_host_is_contacted_only_as_the_stack_file_on_disk_declares_it(tmp_path, forged):
+    from drills.stack.stackfile import load_stack_file
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\n"
+                     "hosts: {box: {address: 10.253.9.2, user: drill, known_hosts: /etc/kvd/known_hosts}}\n"
+                     "services:\n  engine:\n    url: http://10.253.9.2:8000\n"
+                     "    control: {host: box, pidfile: /srv/engine.pid, cmdline: [vllm, serve],\n"
+                     "              start: {argv: [vllm, serve]}}\n"
+                     "  lmcache: {url: 'http://10.253.9.2:9'}\n")
+    stack.chmod(0o644)
+    f = load_stack_file(stack)
+    declared_host = f.hosts["box"].model_dump(mode="json")
+    record = {"action": "start", "service": "engine", "pgid": 4242, "argv": ["vllm", "serve"], "attached": True,
+              "ssh": declared_host, "health_url": "http://10.253.9.2:8000/health", "pidfile": "/srv/engine.pid",
+              "start": f.services["engine"].control.start.model_dump(mode="json")}
+    if forged == "another host":
+        record["ssh"] = {**declared_host, "address": "10.253.9.66"}
+    else:
+        record["start"] = {**record["start"], "argv": ["sh", "-c", "rm -rf /srv"]}
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=f.model_dump(mode="json"))
+    j.append("fault.undo", fault_id="f0-process", injector="process", undo=record)
+    j.close()
+    report = rb.rollback(run, grace=1.0)  # refused before any connection: no sshd listens on 10.253.9.x
+    assert not report.ok and not report.of("undone")
+    assert any("the run's stack file" in i.what for i in report.of("failed")), report.items

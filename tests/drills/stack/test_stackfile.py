@@ -68,7 +68,7 @@ def test_a_stack_without_lmcache_or_a_pid_control_off_this_host_is_refused(tmp_p
     with pytest.raises(StackFileError, match="lmcache missing"):
         load_stack_file(_write(tmp_path, no_lm, "a.yaml"))
     remote = GOOD.replace("http://127.0.0.1:8000", "http://10.9.8.7:8000")
-    with pytest.raises(StackFileError, match="a pid or container control means this host"):
+    with pytest.raises(StackFileError, match="a pid or container control without host: means this host"):
         load_stack_file(_write(tmp_path, remote, "b.yaml"))
 
 
@@ -121,3 +121,58 @@ def test_a_container_control_names_a_local_engine_and_excludes_a_pid_control(tmp
     both = GOOD.replace("    control:\n", "    container: {name: x}\n    control:\n")
     with pytest.raises(StackFileError, match="not both"):
         load_stack_file(_write(tmp_path, both, "e.yaml"))
+
+
+REMOTE = """\
+version: 1
+name: gpu-box
+served_model: smollm2
+hosts:
+  box: {address: 10.0.0.7, user: drill}
+services:
+  engine:
+    url: http://10.0.0.7:8000
+    control:
+      host: box
+      pidfile: /run/kv/engine.pid
+      cmdline: [python, -m, vllm.entrypoints.openai.api_server]
+  lmcache:
+    url: http://10.0.0.7:6999
+"""
+
+
+def test_the_shipped_remote_example_is_a_valid_stack_file():
+    f = load_stack_file(REPO / "compose" / "attach" / "remote-stack.yaml")
+    assert f.ssh_host("engine").address == "10.0.0.7" and f.remote_hosts() == ["10.0.0.7"]
+
+
+def test_a_service_on_another_host_names_it_under_hosts_and_needs_allow_target(tmp_path):
+    f = load_stack_file(_write(tmp_path, REMOTE))
+    assert f.ssh_host("engine").address == "10.0.0.7" and f.ssh_host("lmcache") is None
+    assert f.hosts["box"].port == 22 and f.hosts["box"].known_hosts == "~/.ssh/known_hosts"
+    assert f.remote_hosts() == ["10.0.0.7"]
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    ("      host: box\n", "      host: bx\n", "'bx' is not under hosts: (declared: box)"),
+    ("    url: http://10.0.0.7:8000\n", "    url: http://10.0.0.8:8000\n", "its url names 10.0.0.8"),
+    ("      host: box\n", "", "declare the machine under hosts: and name it in control.host"),
+    ("    url: http://10.0.0.7:6999\n", "    url: http://10.0.0.7:6999\n    control: {host: box, pid: 9, cmdline: [lmcache]}\n"
+     "    l2: {path: /data/l2}\n", "an L2 on another host is not reachable by kv_corrupt yet"),
+], ids=["unknown-host", "url-elsewhere", "no-host", "remote-l2"])
+def test_a_remote_control_that_does_not_add_up_is_refused(tmp_path, old, new, says):
+    assert old in REMOTE
+    with pytest.raises(StackFileError) as err:
+        load_stack_file(_write(tmp_path, REMOTE.replace(old, new, 1)))
+    assert says in str(err.value)
+
+
+def test_a_wildcard_listen_in_host_addresses_matches_as_toxiproxy_reports_it(tmp_path):
+    f = load_stack_file(_write(tmp_path, GOOD + "  toxiproxy:\n    url: http://127.0.0.1:8474\n"
+                                           "    proxies: {lmcache: engine -> lmcache}\n"
+                                           "    host_addresses: {'0.0.0.0:6555': '127.0.0.1:16555'}\n"))
+    tp = f.services["toxiproxy"]
+    assert tp.reach("[::]:6555") == tp.reach(":6555") == tp.reach("0.0.0.0:6555") == "127.0.0.1:16555"
+    assert tp.reach("lmcache:5555") == "lmcache:5555"
+    policy = IsolationPolicy(owned=Owned(host_addresses=tp.reach))
+    assert policy.check_hostport("[::]:6555", "x") is None and policy.check_hostport("lmcache:5555", "x") is not None

