@@ -15,6 +15,7 @@ model) and ``toxiproxy`` (a Toxiproxy in the user's topology that carries the en
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -87,8 +88,10 @@ class ContainerControl(_Strict):
 
     name: str = Field(description="the container's name, as `docker ps` shows it (compose: <project>-<service>-1 "
                                   "or <project>_<service>_1)")
-    docker_host: str = Field("unix:///var/run/docker.sock",
-                             description="the engine that runs it: a unix:// socket on this host")
+    docker_host: str = Field(default_factory=lambda: _docker_host_from_env(), validate_default=True,
+                             description="the engine that runs it: a unix:// socket on this host (default: "
+                                         "$DOCKER_HOST, as the docker CLI reads it, else "
+                                         "unix:///var/run/docker.sock)")
 
     @field_validator("docker_host")
     @classmethod
@@ -103,9 +106,14 @@ class ContainerControl(_Strict):
         return Path(self.docker_host.removeprefix("unix://"))
 
 
+def _docker_host_from_env() -> str:
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
 class L2Spec(_Strict):
     adapter: Literal["fs"] = Field("fs", description="the LMCache MP server's L2 adapter (fs: one file per chunk)")
-    path: str = Field(description="the adapter's base_path on this host")
+    path: str = Field(description="the adapter's base_path on this host (a relative path is relative to the stack "
+                                  "file, as a compose file's bind mount is to the compose file)")
     serde: Literal["none", "aesgcm"] = Field("none", description="the adapter's serde (aesgcm: every chunk file "
                                                                   "authenticated)")
 
@@ -283,10 +291,26 @@ def load_stack_file(path: Path | str) -> StackFile:
     if not isinstance(document.tree, dict):
         raise StackFileError(path, [Problem(1, "", "a stack file is a mapping with name:, served_model: and services:")])
     try:
-        return StackFile.model_validate(document.plain)
+        stack = StackFile.model_validate(document.plain)
     except ValidationError as exc:
         raise StackFileError(path, sorted((_problem(e, document.tree, (), StackFile) for e in exc.errors()),
                                           key=lambda p: (p.line or 0, p.key))) from exc
+    return _relative_to(stack, path.absolute().parent)
+
+
+def _relative_to(stack: StackFile, base: Path) -> StackFile:
+    """Relative L2 and token paths resolved against the stack file's directory (compose/gpu/stack.yaml's
+    ``./l2`` is the compose file's ``./l2`` bind mount), so every later reader sees one absolute path."""
+    services = dict(stack.services)
+    for role, svc in stack.services.items():
+        update: dict[str, Any] = {}
+        if svc.l2 is not None and not Path(svc.l2.path).is_absolute():
+            update["l2"] = svc.l2.model_copy(update={"path": os.path.normpath(base / svc.l2.path)})
+        if svc.token_file and not Path(svc.token_file).is_absolute():
+            update["token_file"] = os.path.normpath(base / svc.token_file)
+        if update:
+            services[role] = svc.model_copy(update=update)
+    return stack.model_copy(update={"services": services})
 
 
 def json_schema() -> dict[str, Any]:

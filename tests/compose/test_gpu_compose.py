@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "compose" / "gpu"
 DOC = YAML(typ="safe", pure=True).load((GPU / "docker-compose.yml").read_text())
 SERVICES = DOC["services"]
+GPU_ONLY = YAML(typ="safe", pure=True).load((GPU / "docker-compose.gpu.yml").read_text())["services"]
+CPU = YAML(typ="safe", pure=True).load((GPU / "docker-compose.cpu.yml").read_text())["services"]
 IMAGES = tomllib.loads((REPO / "pins.toml").read_text())["images"]
 PROXIES = {p["name"]: p for p in json.loads((GPU / "toxiproxy.json").read_text())}
 VLLM = ("engine", "engine-mooncake", "baseline")
@@ -61,7 +63,8 @@ def test_nothing_listens_beyond_loopback():
 def test_cuda_ipc_shares_the_host_ipc_namespace_and_every_gpu_service_reserves_gpus(name):
     s = SERVICES[name]
     assert s["ipc"] == "host"  # never service:X (it splits /dev/shm after X restarts)
-    [device] = s["deploy"]["resources"]["reservations"]["devices"]
+    assert "deploy" not in s  # the reservations are docker-compose.gpu.yml's: the CPU substitution drops them
+    [device] = GPU_ONLY[name]["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert "count" in device or "device_ids" in device
     assert not any(str(v.get("ipc", "")).startswith("service:") for v in SERVICES.values())
@@ -91,8 +94,30 @@ def test_health_checks_start_order_l2_volume_and_the_dev_endpoint_drills_use():
         assert SERVICES[engine]["environment"]["VLLM_SERVER_DEV_MODE"] == "1"  # the reset_prefix_cache action
         assert SERVICES[engine]["environment"]["PYTHONHASHSEED"] == "0"
     adapter = json.loads(_flag(SERVICES["lmcache"]["command"], "--l2-adapter"))
-    assert adapter["type"] == "fs" and f"lmcache-l2:{adapter['base_path']}" in SERVICES["lmcache"]["volumes"]
-    assert "lmcache-l2" in DOC["volumes"]
+    assert adapter["type"] == "fs" and f"./l2:{adapter['base_path']}" in SERVICES["lmcache"]["volumes"]
     assert "--no-enable-prefix-caching" in SERVICES["baseline"]["command"]
     assert "--kv-transfer-config" not in SERVICES["baseline"]["command"]  # the oracle has no cache at all
     assert all(s["labels"]["kvdrill"] == "1" for s in SERVICES.values())
+
+
+def test_the_shipped_stack_file_names_the_compose_files_containers_ports_and_l2():
+    """kvdrill attaches to compose/gpu through stack.yaml: its containers, URLs, proxy and L2 must be the
+    compose file's, on a GPU host and under the CPU substitution alike."""
+    from drills.stack.stackfile import load_stack_file
+
+    f = load_stack_file(GPU / "stack.yaml")
+    for role in ("engine", "lmcache"):
+        assert f.services[role].container.name == SERVICES[role]["container_name"]
+    assert f.services["engine"].url.endswith(":" + _flag(SERVICES["engine"]["command"], "--port"))
+    assert f.services["lmcache"].url.endswith(":" + _flag(SERVICES["lmcache"]["command"], "--http-port"))
+    assert set(f.services["toxiproxy"].proxies) <= set(PROXIES)
+    assert f.l2_dir == GPU / "l2" and "./l2:/l2" in SERVICES["lmcache"]["volumes"]
+    assert f.served_model == _flag(SERVICES["engine"]["command"], "--served-model-name")
+    for role in ("engine", "lmcache"):  # the CPU substitution keeps every port, flag-for-flag where it matters
+        assert _flag(CPU[role]["command"], "--port") == _flag(SERVICES[role]["command"], "--port")
+        assert _flag(CPU[role]["command"], "--host") == "127.0.0.1"
+    assert _flag(CPU["engine"]["command"], "--served-model-name") == f.served_model
+    cpu_kv = json.loads(_flag(CPU["engine"]["command"], "--kv-transfer-config"))["kv_connector_extra_config"]
+    assert cpu_kv["lmcache.mp.port"] == _port(PROXIES["lmcache"]["listen"])
+    assert _flag(CPU["lmcache"]["command"], "--chunk-size") == _flag(SERVICES["lmcache"]["command"], "--chunk-size")
+    assert {n: s.get("container_name") for n, s in CPU.items() if "container_name" in s} == {}  # names stay the base's

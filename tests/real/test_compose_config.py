@@ -17,7 +17,8 @@ pytestmark = pytest.mark.real
     ("mp", {"toxiproxy", "lmcache", "engine", "baseline"}),
     ("mooncake", {"toxiproxy", "mooncake-master", "store-a", "store-b", "engine-mooncake", "baseline"})])
 def test_docker_compose_accepts_the_gpu_topology(profile, services):
-    proc = subprocess.run(["docker-compose", "-f", str(REPO / "compose/gpu/docker-compose.yml"), "-p", "kvd-gpu",
+    proc = subprocess.run(["docker-compose", "-f", str(REPO / "compose/gpu/docker-compose.yml"),
+                           "-f", str(REPO / "compose/gpu/docker-compose.gpu.yml"), "-p", "kvd-gpu",
                            "--profile", profile, "config"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rendered = YAML(typ="safe", pure=True).load(proc.stdout)["services"]

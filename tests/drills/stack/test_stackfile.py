@@ -176,3 +176,24 @@ def test_a_wildcard_listen_in_host_addresses_matches_as_toxiproxy_reports_it(tmp
     assert tp.reach("lmcache:5555") == "lmcache:5555"
     policy = IsolationPolicy(owned=Owned(host_addresses=tp.reach))
     assert policy.check_hostport("[::]:6555", "x") is None and policy.check_hostport("lmcache:5555", "x") is not None
+
+
+def test_relative_l2_and_token_paths_are_the_stack_files_and_docker_host_defaults_to_the_environment(
+        tmp_path, monkeypatch):
+    (tmp_path / "gpu").mkdir()
+    text = (GOOD.replace("    l2: {path: /data/l2}\n", "    l2: {path: ./l2}\n")
+            .replace("    control:\n      pidfile: /run/kv/engine.pid\n"
+                     "      cmdline: [python, -m, vllm.entrypoints.openai.api_server]\n",
+                     "    container: {name: proj-engine-1}\n")
+            + "  toxiproxy:\n    url: http://127.0.0.1:8474\n    proxies: {lmcache: engine -> lmcache}\n"
+              "    token_file: tok\n")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/other/docker.sock")
+    f = load_stack_file(_write(tmp_path / "gpu", text))
+    assert f.l2_dir == tmp_path / "gpu" / "l2" and f.services["toxiproxy"].token_file == str(tmp_path / "gpu" / "tok")
+    assert f.services["engine"].container.docker_host == "unix:///run/other/docker.sock"
+    monkeypatch.delenv("DOCKER_HOST")
+    assert load_stack_file(tmp_path / "gpu" / "stack.yaml").services["engine"].container.docker_host == \
+        "unix:///var/run/docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.1:2375")  # refused like a written one: only a local socket
+    with pytest.raises(StackFileError, match="only a unix:///path socket"):
+        load_stack_file(tmp_path / "gpu" / "stack.yaml")
