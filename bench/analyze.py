@@ -223,7 +223,7 @@ def synthesize(run_dir: Path, requests: int, prompts: int, seed: int = 11) -> di
              matches=[{"line": 40 + i, "text": f"LMCache INFO: Retrieved 768 tokens in 0.0{i} seconds"} for i in range(20)])
     phase("heal")
     for fid in ("f1-process", "f0-kv_corrupt"):
-        j.append("fault.healed", fault_id=fid, undone=[f"{fid} undone"], already_healed=False)
+        j.append("fault.healed", fault_id=fid, undone=[f"{fid} undone"], already_healed=[])
     state.update(down=False, generation=2)
     counters.update(ext_hit=0.0, ext_q=0.0, apc_hit=0.0, apc_q=0.0, prompt=0.0)  # a new engine: counters restart
     phase("recovery")

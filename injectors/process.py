@@ -192,6 +192,9 @@ def _undo_remote(record: dict[str, Any], report: HealReport) -> HealReport:
         members = ssh.group(host, int(pgid), bool(record.get("leads_group")))
         stopped = [p for p, st in ssh.states(host, members).items() if st == "T"]
         ssh.kill(host, signal.SIGCONT, members, group_of=int(pgid) if record.get("leads_group") else None)
+    except ProcessLookupError:
+        report.already_healed.append(f"{service}: group {pgid} on {host.address} is gone")
+        return report
     except ssh.SshError as exc:
         report.failed.append(f"{service}: {exc}")
         return report

@@ -3,8 +3,8 @@
 The runtime is the user's. kvdrill starts nothing and stops nothing on its own account: ``up`` finds
 every declared service (by URL, and by pid with its exact command line where a control is declared:
 on this host through /proc, on a stack file's SSH host through ``drills/stack/ssh.py``, or as a
-container on a local Docker engine) and checks it is healthy; ``down`` stops nothing and checks the stack is as it was found. A fault that
-stops a service is healed by starting it again with the service's declared ``start`` command and
+container on a local Docker engine) and checks it is healthy; ``down`` stops nothing and checks the
+stack is as it was found. A fault that stops a service is healed by starting it again with the service's declared ``start`` command and
 waiting until it is healthy; where no such command is declared, the fault is refused before anything
 is injected (:meth:`AttachedStack.fault_problems`), because nothing could return the stack to the state
 it was found in. A service kvdrill started again is journaled as ``service.restarted_by_control``, never
@@ -310,7 +310,9 @@ class AttachDriver(ServiceDriver):
             raise StackError(f"{name}: pid {pid} on {host.address} runs {actual}, not the command line the stack "
                              f"file declares ({control.cmdline}); refusing to touch it (update cmdline: if the service "
                              "was restarted with other flags)")
-        spec = ServiceSpec(name=name, argv=list(control.cmdline), env={}, health_url=health_url,
+        # the command line it runs (a start command kvdrill ran may differ from the found one's): what a
+        # rollback compares before it thaws this pid
+        spec = ServiceSpec(name=name, argv=actual or list(control.cmdline), env={}, health_url=health_url,
                            startup_deadline=control.start.startup_deadline if control.start else 300.0)
         svc = RemoteService(spec=spec, popen=ssh.RemoteWatch(host, pid), log_path=self.log_dir / f"{name}.log",  # type: ignore[arg-type]
                             generation=generation, started_at=time.monotonic(), control=control, host=host,

@@ -52,9 +52,9 @@ def client(host: SshHost) -> paramiko.SSHClient:
         if c is not None and c.get_transport() is not None and c.get_transport().is_active():
             return c
         c = paramiko.SSHClient()
-        c.load_host_keys(str(Path(host.known_hosts).expanduser()))
         c.set_missing_host_key_policy(paramiko.RejectPolicy())  # a key the user has not vouched for is refused
         try:
+            c.load_host_keys(str(Path(host.known_hosts).expanduser()))
             c.connect(host.address, port=host.port, username=host.user,
                       key_filename=str(Path(host.identity_file).expanduser()) if host.identity_file else None,
                       timeout=10, banner_timeout=10, auth_timeout=10, allow_agent=host.identity_file is None,

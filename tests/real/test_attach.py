@@ -149,6 +149,24 @@ def _drill(stack_file: Path, scenario: Path, name: str) -> tuple[subprocess.Comp
     return proc, _run_dir(proc.stderr)
 
 
+def kill_scenario(tmp_path: Path, name: str, toxic: bool = True) -> Path:
+    """An engine SIGKILL after the first chaos request (healed by the stack's own way back), with a latency
+    toxic on the user's `lmcache` proxy when ``toxic``."""
+    latency = ("    - {injector: network, params: {proxy: lmcache, toxics: [{type: latency, attributes: "
+               "{latency: 50}}]}}\n") if toxic else ""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nseed: 5\n"
+        "workload: {prompts: 2, shared_prefix_tokens: 256, unique_tokens: 512, max_tokens: 8, concurrency: 1}\n"
+        f"chaos:\n  faults:\n{latency}"
+        "    - {injector: process, params: {service: engine, action: kill}, trigger: {after_requests: 1}}\n"
+        "recovery: {actions: []}\n"
+        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
+        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
+        "checks: {leaks: {lmcache_status: false}}\n")
+    return path
+
+
 def _as_found(run_dir: Path) -> None:
     [left] = _events(run_dir, "stack.left_as_found")
     assert left["data"]["same"], left["data"]["differs"]
@@ -199,17 +217,7 @@ def test_the_flagship_zeroed_chunk_fails_as_on_the_sandbox_and_the_chunk_is_rest
 
 def test_a_toxic_on_the_users_proxy_and_an_engine_kill_are_healed(user_stack, tmp_path):
     stack_file, d, urls = user_stack
-    scenario = tmp_path / "kill-and-latency.yaml"
-    scenario.write_text(
-        "name: attach-kill-and-latency\nseed: 5\n"
-        "workload: {prompts: 2, shared_prefix_tokens: 256, unique_tokens: 512, max_tokens: 8, concurrency: 1}\n"
-        "chaos:\n  faults:\n"
-        "    - {injector: network, params: {proxy: lmcache, toxics: [{type: latency, attributes: {latency: 50}}]}}\n"
-        "    - {injector: process, params: {service: engine, action: kill}, trigger: {after_requests: 1}}\n"
-        "recovery: {actions: []}\n"
-        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
-        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
-        "checks: {leaks: {lmcache_status: false}}\n")
+    scenario = kill_scenario(tmp_path, "attach-kill-and-latency")
     old_pid = int((d / "engine.pid").read_text())
     proc, run_dir = _drill(stack_file, scenario, "kill")
     verified = _events(run_dir, "fault.verified")

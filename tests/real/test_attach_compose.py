@@ -33,7 +33,7 @@ from drills.stack.sandbox import free_port
 from drills.toxiproxy import api_headers
 
 from .conftest import ARTIFACTS, REPO, run_kvdrill
-from .test_attach import SERVED, _as_found, _events, _healthy, _run_dir
+from .test_attach import SERVED, _as_found, _events, _healthy, _run_dir, kill_scenario
 from .test_docker_stack import engine  # noqa: F401 - kvdrill's own Docker engine, started and checked once
 
 # in `make test-catalogue`: its three drills and a vLLM start in a container (about 4 minutes) do not fit
@@ -146,17 +146,7 @@ def test_the_flagship_fails_on_the_compose_project_and_the_project_is_as_found(c
 def test_a_toxic_on_the_users_proxy_and_an_engine_container_kill_are_healed(compose_stack, tmp_path):
     stack_file, d, urls, client, names = compose_stack
     before = _running(client, names)
-    scenario = tmp_path / "kill-and-latency.yaml"
-    scenario.write_text(
-        "name: attach-compose-kill-and-latency\nseed: 5\n"
-        "workload: {prompts: 2, shared_prefix_tokens: 256, unique_tokens: 512, max_tokens: 8, concurrency: 1}\n"
-        "chaos:\n  faults:\n"
-        "    - {injector: network, params: {proxy: lmcache, toxics: [{type: latency, attributes: {latency: 50}}]}}\n"
-        "    - {injector: process, params: {service: engine, action: kill}, trigger: {after_requests: 1}}\n"
-        "recovery: {actions: []}\n"
-        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
-        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
-        "checks: {leaks: {lmcache_status: false}}\n")
+    scenario = kill_scenario(tmp_path, "attach-compose-kill-and-latency")
     proc, run_dir = _drill(stack_file, scenario, "kill")
     verified = _events(run_dir, "fault.verified")
     assert len(verified) == 2 and all(e["data"]["effective"] for e in verified), proc.stderr[-3000:]

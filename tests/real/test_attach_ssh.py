@@ -29,7 +29,18 @@ from ruamel.yaml import YAML
 from drills.stack.sandbox import free_port
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, run_kvdrill
-from .test_attach import SCRIPT, SERVED, _as_found, _events, _healthy, _run_dir, start_env, stop_user_stack, user_engine
+from .test_attach import (
+    SCRIPT,
+    SERVED,
+    _as_found,
+    _events,
+    _healthy,
+    _run_dir,
+    kill_scenario,
+    start_env,
+    stop_user_stack,
+    user_engine,
+)
 
 pytestmark = pytest.mark.real
 
@@ -126,6 +137,10 @@ def remote_stack(ssh_host, tmp_path_factory):
         stop_user_stack(d)  # the namespace shares this host's pids: its services are stopped by pidfile group
 
 
+def engine_known_hosts(stack_file: Path) -> str:
+    return YAML(typ="safe").load(stack_file.read_text())["hosts"]["box"]["known_hosts"]
+
+
 def _drill(stack_file: Path, scenario: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     reports = ARTIFACTS / "attach-ssh" / name
     reports.mkdir(parents=True, exist_ok=True)
@@ -146,20 +161,20 @@ def test_another_host_needs_allow_target_and_stack_check_reads_it_over_ssh(remot
     dry = run_kvdrill(["run", str(REPO / "scenarios" / "basics" / "verify-stack.yaml"), "--stack", str(stack_file),
                        "--dry-run"], timeout=120)
     assert dry.returncode == 2 and f"--allow-target {there}" in dry.stdout
+    # a host key the user has not vouched for is refused, never learned
+    (d / "empty_known_hosts").write_text("")
+    stranger = d / "stranger.yaml"
+    stranger.write_text(stack_file.read_text().replace(str(Path(engine_known_hosts(stack_file))),
+                                                       str(d / "empty_known_hosts")))
+    proc = run_kvdrill(["stack", "check", str(stranger), "--allow-target", there], timeout=120)
+    said = " ".join((proc.stdout + proc.stderr).split())  # the console wraps long lines
+    assert proc.returncode == 2 and "not found in known_hosts" in said, said
+    assert (d / "empty_known_hosts").read_text() == ""
 
 
 def test_an_engine_on_the_ssh_host_is_killed_and_started_again_over_ssh(remote_stack, tmp_path):
     stack_file, d, urls, there = remote_stack
-    scenario = tmp_path / "kill-remote.yaml"
-    scenario.write_text(
-        "name: attach-ssh-kill\nseed: 5\n"
-        "workload: {prompts: 2, shared_prefix_tokens: 256, unique_tokens: 512, max_tokens: 8, concurrency: 1}\n"
-        "chaos:\n  faults:\n"
-        "    - {injector: process, params: {service: engine, action: kill}, trigger: {after_requests: 1}}\n"
-        "recovery: {actions: []}\n"
-        # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
-        # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
-        "checks: {leaks: {lmcache_status: false}}\n")
+    scenario = kill_scenario(tmp_path, "attach-ssh-kill", toxic=False)  # Toxiproxy there is not declared
     old_pid = int((d / "engine.pid").read_text())
     proc, run_dir = _drill(stack_file, scenario, "kill", "--allow-target", there)
     [verified] = _events(run_dir, "fault.verified")
