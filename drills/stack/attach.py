@@ -19,6 +19,7 @@ keys, the L2 files) is the sandbox's, pointed at the declared URLs and paths.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -373,6 +374,9 @@ class AttachDriver(ServiceDriver):
             return await asyncio.to_thread(self._start_remote, spec, control)
         gen = self._next_generation(spec.name)
         popen = await asyncio.to_thread(launch, spec.name, control, self._log_path(spec.name), self.log_dir)
+        # it runs the start command now, which may differ from the command line it was found with: that is
+        # what a rollback compares before it thaws this pid
+        spec = dataclasses.replace(spec, argv=list(control.start.argv))
         svc = AttachedService(spec=spec, popen=popen, log_path=self._log_path(spec.name), generation=gen,
                               started_at=time.monotonic(), control=control, start_ticks=start_ticks(popen.pid))
         self.services[spec.name] = svc

@@ -19,7 +19,7 @@ import pytest
 from drills.journal import Journal, read_history
 from drills.scenario import StackSpec
 from drills.stack.attach import AttachDriver, AttachedStack, descendants
-from drills.stack.process import StackError, group_members
+from drills.stack.process import StackError, group_members, leader_runs
 from drills.stack.sandbox import free_port
 from drills.stack.stackfile import StackFile
 from injectors.process import ProcessParams
@@ -78,7 +78,8 @@ async def test_a_killed_group_leader_is_started_again_by_its_declared_control(tm
     argv = _server(port)
     pid = user_process(argv)
     journal = Journal(tmp_path)
-    driver = AttachDriver(tmp_path / "logs", journal, _stack(tmp_path / "svc.pid", argv, port, start=argv))
+    start = [*argv, "--directory", str(tmp_path)]  # the start command need not be the found command line
+    driver = AttachDriver(tmp_path / "logs", journal, _stack(tmp_path / "svc.pid", argv, port, start=start))
     async with httpx.AsyncClient() as http:
         svc = driver.attach("engine", f"http://127.0.0.1:{port}/")
         await driver.wait_healthy(svc, http)
@@ -88,6 +89,8 @@ async def test_a_killed_group_leader_is_started_again_by_its_declared_control(tm
         await driver.restart(svc.spec, http)  # the heal: nothing left to signal, then the declared start
         new = driver.services["engine"]
         assert new.pid != pid and new.alive and (await http.get(f"http://127.0.0.1:{port}/")).status_code == 200
+        # what a rollback compares before it thaws the new pid: the command it runs now
+        assert new.spec.argv == start and leader_runs(new.pid, new.spec.argv)
     assert int((tmp_path / "svc.pid").read_text()) == new.pid
     journal.close()
     events = {e.type: e.data for e in read_history(tmp_path).events}
