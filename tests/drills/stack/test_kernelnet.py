@@ -346,10 +346,10 @@ def received_within(s: socket.socket, n: int, window: float) -> tuple[int, float
 
 
 @needs_root
-def test_loss_drops_data_and_the_sender_retransmits(netns, kn):
-    # What loss does is drop segments and make TCP resend them. How much slower that makes a transfer on
+def test_loss_drops_data_and_the_sender_sends_it_again(netns, kn):
+    # What loss does is drop segments and make TCP send them again. How much slower that makes a transfer on
     # a link with a microsecond RTT depends on whether a retransmission timeout happens, which is luck:
-    # a throughput ratio here failed 2 runs in 5 under load, so the test reads the sender's own count.
+    # a throughput ratio here failed 2 runs in 5 under load, so the test reads what was dropped and resent.
     # Nor is the transfer asked to finish: a segment lost again and again backs off 200 ms, 400 ms, ...
     # (one 8 MB transfer was still short after 30 s).
     side = netns[1]
@@ -361,8 +361,14 @@ def test_loss_drops_data_and_the_sender_retransmits(netns, kn):
     drops = kn.counters(rec)
     retrans = _total_retrans(_peer_of(side, lossy))
     print(f"8 MB asked for with 30% loss: {lossy_bytes} B in {lossy_s * 1000:.0f} ms, {drops['packets']} packets "
-          f"dropped, {retrans} segments retransmitted")
-    assert lossy_bytes > 0 and drops["packets"] > 0 and retrans > 0
+          f"({drops['bytes']} B) dropped, {retrans} segments retransmitted")
+    # Some dropped packet carried data: a bare ACK is 52 bytes of IPv4 (see DATA_MATCHES).
+    assert lossy_bytes > 0 and drops["packets"] > 0 and drops["bytes"] > 52 * drops["packets"]
+    # On lo the rule drops in the sender's own output hook: TCP sees the send fail and sends the segment
+    # again as a fresh transmission, which tcpi_total_retrans does not count (CI: 51 dropped, all 8 MB in
+    # 908 ms, 0 retransmitted). Either way the dropped data was sent again: it is counted, or every byte
+    # arrived although some data packets never left.
+    assert retrans > 0 or lossy_bytes == 8_000_000
 
 
 @needs_root
