@@ -188,6 +188,9 @@ def test_stack_check_reaches_every_service_and_says_what_it_carries(user_stack):
     assert "URL only" in faults["process stop toxiproxy"] and faults["disk"].startswith("no: run_filesystem")
 
 
+# in `make test-catalogue`: a fault-free drill (about 110 s, the slowest test here) whose checkers and phases every
+# drill of make test runs; make test keeps this stack's kill, toxic, stack check and refusals
+@pytest.mark.catalogue
 def test_the_verification_kit_passes_on_the_attached_stack(user_stack):
     stack_file, _, _ = user_stack
     proc, run_dir = _drill(stack_file, REPO / "scenarios" / "basics" / "verify-stack.yaml", "verify")
