@@ -23,7 +23,7 @@ from ruamel.yaml import YAML
 
 from drills import seeds
 from drills.gameday.pause import CONFIRM_TIMEOUT_S
-from drills.inputs import MAX_STACK_FILE_BYTES, read_text_limited
+from drills.inputs import MAX_COMPOSE_FILE_BYTES, read_text_limited
 from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario, default_oracle
@@ -93,7 +93,7 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     kind = stack_kind(ref)
     if sc.stack.file is not None:
         return _attached_view(sc, reports_dir)
-    doc = YAML(typ="safe", pure=True).load(read_text_limited(kind.topology_file, MAX_STACK_FILE_BYTES, "stack file"))
+    doc = YAML(typ="safe", pure=True).load(read_text_limited(kind.topology_file, MAX_COMPOSE_FILE_BYTES, "stack file"))
     # local stacks name a program (argv); the container stack a compose command run in its image
     services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
                 for name, raw in doc["services"].items() if name != "baseline" or sc.stack.baseline is not False}

@@ -14,7 +14,9 @@ from pathlib import Path
 # The largest scenario in the catalogue is under 2 KB; validation costs about 1 s per 45 KB of
 # hostile text (every unknown key named), so 64 KiB keeps `validate` within a couple of seconds.
 MAX_SCENARIO_BYTES = 64 << 10
-MAX_STACK_FILE_BYTES = 1 << 20  # compose files: the largest shipped one is under 10 KB
+# A stack file (the public format, drills/stack/stackfile.py) is validated like a scenario, at the same cost.
+MAX_STACK_FILE_BYTES = MAX_SCENARIO_BYTES
+MAX_COMPOSE_FILE_BYTES = 1 << 20  # compose files, only parsed: the largest shipped one is under 10 KB
 
 
 class InputFileError(ValueError):

@@ -516,10 +516,30 @@ def vet_fault(family: str, data: dict[str, Any], state: RunState, tagged: dict[i
             "model": _vet_model}.get(family, lambda r, s: None)(rec, state)
 
 
+def _in_heal_order(history: History) -> list[Any]:
+    """The fault.undo records in the order the runner would have healed them (heal_sequence): newest first,
+    except that a fault on a service another fault's service needs goes first (a frozen master is thawed
+    before the engine that needs it is started again). What each fault affects and needs is read from its
+    fault.planned record; a record without them (an older journal, a malformed list) affects nothing."""
+    from injectors.base import heal_sequence
+
+    def names(value: Any) -> set[str]:
+        return {v for v in _list(value) if isinstance(v, str)}
+
+    planned = {e.data.get("fault_id"): e.data for e in history.of_type("fault.planned")
+               if isinstance(e.data.get("fault_id"), str)}
+
+    def of(event: Any, key: str) -> set[str]:
+        fid = event.data.get("fault_id")
+        return names(planned.get(fid, {}).get(key)) if isinstance(fid, str) else set()
+
+    return heal_sequence(list(history.of_type("fault.undo")), lambda e: of(e, "affects"), lambda e: of(e, "needs"))
+
+
 def _undo_faults(history: History, report: RollbackReport, state: RunState, tagged: dict[int, str],
                  argv_of: dict[int, list[str]]) -> None:
     healed = {e.data.get("fault_id") for e in history.of_type("fault.healed")}
-    for event in reversed(list(history.of_type("fault.undo"))):
+    for event in _in_heal_order(history):
         data, fid = dict(event.data), event.data.get("fault_id", f"#{event.seq}")
         fid = fid if isinstance(fid, str) else f"#{event.seq}"
         step = f"fault {fid}" + (" (healed by the run)" if fid in healed else "")

@@ -50,7 +50,7 @@ from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
 from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave
-from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry
+from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry, services_needed
 from injectors.process import ProcessFault
 
 MIN_AVAILABLE_BYTES = 6 * 1024**3  # two vLLM-CPU engines + LMCache L1 + headroom for leaked segments
@@ -365,9 +365,12 @@ class Runner:
         # nothing is touched before every target passed the isolation rules (refusal: verdict ERROR)
         IsolationPolicy.build(sc, self.allow_targets, self.stack.owned()).enforce(
             targets, f"chaos.faults[{i}] ({fault.injector})")
+        # affects/needs: what `kvdrill rollback` orders its undo by when no runner is left to ask (heal_sequence)
+        affects = injector.affects()
         self.journal.append("fault.planned", fault_id=fault_id, injector=fault.injector,
                             rng_seed=seeds.fault_rng_seed(sc.seed, fault_id),
-                            params=params.model_dump(mode="json"), targets=targets,
+                            params=params.model_dump(mode="json"), targets=targets, affects=sorted(affects),
+                            needs=sorted(services_needed(affects, self.stack.depends_on())),
                             trigger=fault.trigger.model_dump(mode="json", exclude_none=True) if fault.trigger else None)
         return injector
 

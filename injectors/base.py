@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
@@ -108,31 +108,45 @@ class Injector(ABC):
         return set()
 
 
-def heal_order(injectors: list[Injector], depends_on: dict[str, set[str]]) -> list[Injector]:
-    """Newest fault first, except that a fault on a service another fault's service depends on (directly
-    or not) is healed before it: a restart of the engine while an older fault still freezes the Mooncake
-    master it needs would fail, and that failure is kvdrill's, not the stack's."""
-    def below(service: str, seen: set[str] | None = None) -> set[str]:
-        seen = set() if seen is None else seen
-        for dep in depends_on.get(service, ()):
+T = TypeVar("T")
+
+
+def services_needed(services: set[str], depends_on: dict[str, set[str]]) -> set[str]:
+    """Every service ``services`` depend on, directly or not (a cycle ends where it closes)."""
+    seen: set[str] = set()
+    todo = list(services)
+    while todo:
+        for dep in depends_on.get(todo.pop(), ()):
             if dep not in seen:
                 seen.add(dep)
-                below(dep, seen)
-        return seen
+                todo.append(dep)
+    return seen
 
-    remaining = list(reversed(injectors))
-    order: list[Injector] = []
+
+def heal_sequence(faults: list[T], affects: Callable[[T], set[str]], needs: Callable[[T], set[str]]) -> list[T]:
+    """``faults`` in injection order, put in heal order: newest first, except that a fault whose services
+    (``affects``) another remaining fault's services need (``needs``) is healed before it. One function for
+    the runner's heal (injectors) and rollback's (journal records), so both heal in the same order."""
+    remaining = list(reversed(faults))
+    order: list[T] = []
     while remaining:
         for candidate in remaining:
-            needed = set().union(*(below(s) for s in candidate.affects())) if candidate.affects() else set()
+            needed = needs(candidate)
             # another fault still to heal holds a service this one's services need: that one goes first
-            if not any(other is not candidate and other.affects() & needed for other in remaining):
+            if not any(other is not candidate and affects(other) & needed for other in remaining):
                 break
         else:
             candidate = remaining[0]  # a cycle (two faults on services that need each other): newest first
         order.append(candidate)
         remaining.remove(candidate)
     return order
+
+
+def heal_order(injectors: list[Injector], depends_on: dict[str, set[str]]) -> list[Injector]:
+    """Newest fault first, except that a fault on a service another fault's service depends on (directly
+    or not) is healed before it: a restart of the engine while an older fault still freezes the Mooncake
+    master it needs would fail, and that failure is kvdrill's, not the stack's."""
+    return heal_sequence(injectors, lambda i: i.affects(), lambda i: services_needed(i.affects(), depends_on))
 
 
 def registry() -> dict[str, type[Injector]]:

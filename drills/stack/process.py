@@ -133,11 +133,17 @@ def tagged_pids(tags: set[str]) -> dict[int, str]:
     """Live processes whose environment says ``KVDRILL_RUN=<tag>`` for one of ``tags`` (pid -> tag).
 
     This closes the window between a service's fork and its ``service.started`` record: a kvdrill killed
-    right there left no record, but the service (and every child it forks) still carries the tag."""
+    right there left no record, but the service (and every child it forks) still carries the tag.
+
+    Only processes of the invoking user count: kvdrill starts its services as itself, and anyone can put
+    the tag into a process of theirs (as root, rollback would otherwise signal another user's group)."""
     wanted = {f"{RUN_TAG_ENV}={t}".encode(): t for t in tags}
     found: dict[int, str] = {}
+    me = os.geteuid()
     for proc in Path("/proc").glob("[0-9]*"):
         try:
+            if proc.stat().st_uid != me:
+                continue
             env = (proc / "environ").read_bytes()
         except OSError:
             continue

@@ -25,7 +25,7 @@ import httpx
 from ruamel.yaml import YAML
 
 from drills.durations import parse_duration
-from drills.inputs import MAX_STACK_FILE_BYTES, read_text_limited
+from drills.inputs import MAX_COMPOSE_FILE_BYTES, read_text_limited
 from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
 from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
@@ -51,7 +51,7 @@ def free_port() -> int:
 
 def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, ServiceSpec]:
     """Fill the {placeholders}; a service with ``netns: true`` runs in the namespace named by ``variables["netns"]``."""
-    doc = YAML(typ="safe", pure=True).load(read_text_limited(compose_file, MAX_STACK_FILE_BYTES, "stack file"))
+    doc = YAML(typ="safe", pure=True).load(read_text_limited(compose_file, MAX_COMPOSE_FILE_BYTES, "stack file"))
     specs = {}
     for name, raw in doc["services"].items():
         fmt = lambda s: str(s).format(**variables)  # noqa: E731

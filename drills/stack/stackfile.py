@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from drills.durations import Duration
-from drills.inputs import MAX_SCENARIO_BYTES, InputFileError, read_limited
+from drills.inputs import MAX_STACK_FILE_BYTES, InputFileError, read_limited
 
 Role = Literal["engine", "lmcache", "baseline", "toxiproxy"]
 HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version"}
@@ -280,7 +280,7 @@ def load_stack_file(path: Path | str) -> StackFile:
 
     path = Path(path)
     try:
-        raw = read_limited(path, MAX_SCENARIO_BYTES, "stack file", follow=True)
+        raw = read_limited(path, MAX_STACK_FILE_BYTES, "stack file", follow=True)
         text = raw.decode("utf-8")
     except (InputFileError, UnicodeDecodeError) as exc:
         raise StackFileError(path, [Problem(None, "", f"cannot read stack file: {exc}")]) from exc

@@ -124,6 +124,25 @@ def test_process_forked_before_its_record_is_found_by_its_tag(tmp_path):
             p.wait()
 
 
+def test_a_tag_in_another_users_process_does_not_make_it_the_runs(tmp_path):
+    """Anyone can set KVDRILL_RUN=<run dir> in a process of their own; root's rollback must not signal it."""
+    if os.geteuid() != 0:
+        pytest.fail("acting as a second user needs root (kvdrill runs drills as root)", pytrace=False)
+    run = (tmp_path / "run").resolve()
+    _run_journal(run).close()
+    planted = subprocess.Popen(["sleep", "120"], user="nobody", group="nogroup", extra_groups=[],
+                               env={RUN_TAG_ENV: str(run), "PATH": "/usr/bin:/bin"}, start_new_session=True)
+    try:
+        time.sleep(0.3)
+        from drills.stack.process import tagged_pids
+        assert planted.pid not in tagged_pids({str(run)})
+        rb.rollback(run, grace=1.0)
+        assert planted.poll() is None, "another user's process was signalled"
+    finally:
+        planted.kill()
+        planted.wait()
+
+
 def test_recycled_pid_is_never_signalled(tmp_path):
     """A recorded group whose leader now runs something else (pid reuse) is left alone."""
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
@@ -411,3 +430,33 @@ def test_a_service_on_an_ssh_host_is_contacted_only_as_the_stack_file_on_disk_de
     report = rb.rollback(run, grace=1.0)  # refused before any connection: no sshd listens on 10.253.9.x
     assert not report.ok and not report.of("undone")
     assert any("the run's stack file" in i.what for i in report.of("failed")), report.items
+
+
+def test_rollback_heals_in_the_order_the_runner_would_a_frozen_master_before_the_engine(tmp_path, monkeypatch):
+    """Rollback undid faults newest first: after a SIGKILL of kvdrill it started the engine again while the
+    older fault still froze the master it needs. It now reads each fault's affects/needs from fault.planned
+    and uses the runner's heal_sequence; a journal without them (older runs) keeps newest first."""
+    calls: list[str] = []
+    monkeypatch.setattr(rb, "vet_fault", lambda *a: None)  # the records are the test's own, not a run's
+    for family in ("store", "process", "network"):
+        monkeypatch.setitem(rb.UNDO, family, lambda data: calls.append(data["undo"]["name"]) or HealReport())
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    for fid, family, affects, needs in (("f0-store", "store", ["mooncake-master"], []),
+                                        ("f1-network", "network", ["toxiproxy"], []),
+                                        ("f2-process", "process", ["engine"], ["mooncake-master", "toxiproxy"])):
+        j.append("fault.planned", fault_id=fid, injector=family, targets=[], affects=affects, needs=needs)
+        j.append("fault.undo", fault_id=fid, injector=family, undo={"name": fid, "argv": []})
+    j.close()
+    result = CliRunner().invoke(app, ["rollback", str(run)])
+    assert calls == ["f1-network", "f0-store", "f2-process"], result.output
+
+    calls.clear()
+    old = tmp_path / "old"
+    j = _run_journal(old)
+    for fid, family in (("f0-store", "store"), ("f1-process", "process")):
+        j.append("fault.planned", fault_id=fid, injector=family, targets=[], needs={"not": "a list"})
+        j.append("fault.undo", fault_id=fid, injector=family, undo={"name": fid, "argv": []})
+    j.close()
+    CliRunner().invoke(app, ["rollback", str(old)])
+    assert calls == ["f1-process", "f0-store"]

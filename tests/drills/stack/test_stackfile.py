@@ -79,6 +79,22 @@ def test_unreadable_input_is_a_clear_error_not_a_hang(tmp_path):
         load_stack_file(_write(tmp_path, "- just\n- a list\n"))
 
 
+def test_special_and_huge_stack_files_are_refused_by_check_without_a_hang(tmp_path):
+    import os
+
+    from drills.inputs import MAX_STACK_FILE_BYTES
+    from tests.no_hang import no_hang
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    huge = _write(tmp_path, "name: x\n" + "# padding\n" * (MAX_STACK_FILE_BYTES // 10 + 1), "huge.yaml")
+    for path, says in (("/dev/zero", "is a character device: refused"), (fifo, "is a FIFO: refused"),
+                       (huge, f"over the {MAX_STACK_FILE_BYTES}-byte limit")):
+        with no_hang():
+            result = CliRunner().invoke(app, ["stack", "check", str(path)])
+        assert result.exit_code == 2 and says in result.output, result.output
+
+
 def test_a_scenario_names_its_stack_file_relative_to_itself(tmp_path):
     _write(tmp_path, GOOD)
     loaded = parse_scenario("name: x\nstack: {file: stack.yaml}\n", tmp_path / "drill.yaml")
