@@ -26,6 +26,7 @@ from drills.decide import EXIT, Decision, decide, overall
 from drills.journal import JOURNAL_NAME, Event, History, gc_paused, read_history
 from drills.report import write_documents
 from drills.report.verdict import verdict_document, verdict_text
+from drills.rundir import MAX_DOC_BYTES, read_limited
 from drills.runread import RunReadError, check_events
 from drills.scenario import ChecksSpec, LoadedScenario, Scenario, ScenarioError, load_scenario
 
@@ -181,7 +182,8 @@ def _judge(run_dir: Path, history: History, names: list[str] | None, *, write: b
     identical: bool | None = None
     diff: list[str] = []
     if stored_path.is_file():  # the strong claim: the file a reader of the run sees, byte for byte
-        stored_text = stored_path.read_text()
+        # bounded and never through a link, as the first read of it was (read_json_doc): it may have changed since
+        stored_text = read_limited(stored_path, MAX_DOC_BYTES, "verdict.json").decode("utf-8", errors="replace")
         identical = text == stored_text
         if not identical:
             diff = list(difflib.unified_diff(stored_text.splitlines(), text.splitlines(), "stored/verdict.json",
