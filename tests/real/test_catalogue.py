@@ -35,7 +35,8 @@ pytestmark = pytest.mark.real
 #   net-limit-data, net-slow-close and lmcache-1938 move (net-mooncake-data-bandwidth runs on containers in
 #   test_docker_stack.py);
 # - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
-# - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) runs on an attached stack in test_attach.py.
+# - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) moves too, and runs on an attached stack in
+#   test_attach.py (also in make test-catalogue).
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
 FULL = os.environ.get("KVDRILL_FULL_CATALOGUE") == "1"
 FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slow-close.yaml", "lmcache-1938-",
