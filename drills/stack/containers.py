@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,11 @@ def container_pids(container: docker.models.containers.Container) -> set[int]:
     return {int(row[idx]) for row in top.get("Processes") or []}
 
 
-def exec_trees(container: docker.models.containers.Container, pids: set[int]) -> set[int]:
+def exec_trees(container: docker.models.containers.Container, pids: set[int],
+               parents: Callable[[set[int]], dict[int, int | None]] | None = None) -> set[int]:
     """Those of ``pids`` that belong to a running exec session of the container: the session's process
-    and its descendants (a probe's shell and what it runs)."""
+    and its descendants (a probe's shell and what it runs). ``parents`` reads each pid's parent where the
+    engine runs (default: this host's /proc)."""
     roots = set()
     for exec_id in container.attrs.get("ExecIDs") or []:
         with contextlib.suppress(docker.errors.APIError):
@@ -81,7 +84,8 @@ def exec_trees(container: docker.models.containers.Container, pids: set[int]) ->
                 roots.add(int(info["Pid"]))
     if not roots & pids:
         return set()
-    parent = {pid: int(f[PPID]) if (f := stat_fields(pid)) else None for pid in pids}
+    parent = parents(pids) if parents is not None else {
+        pid: int(f[PPID]) if (f := stat_fields(pid)) else None for pid in pids}
     found = set()
     for pid in pids:
         seen, at = set(), pid
@@ -131,7 +135,11 @@ class RunningContainer:
         # read after top: an exec is registered before its process starts, so any exec top listed is here
         with contextlib.suppress(docker.errors.APIError):
             self.container.reload()
-        return pids - exec_trees(self.container, pids)
+        return pids - exec_trees(self.container, pids, self._parents)
+
+    def _parents(self, pids: set[int]) -> dict[int, int | None]:
+        """Each pid's parent, where the engine runs: this host (a remote engine's container overrides it)."""
+        return {pid: int(f[PPID]) if (f := stat_fields(pid)) else None for pid in pids}
 
     def states(self, pids: set[int]) -> dict[int, str]:
         """State letters from this host's /proc: the engine is local, so a container's pids are host pids."""
@@ -148,7 +156,11 @@ class RunningContainer:
             self.container.kill(signal=signal.Signals(sig).name)
         except docker.errors.APIError as exc:
             raise ProcessLookupError(f"container {self.container.name}: {exc.explanation or exc}") from exc
-        for pid in rest:
+        self.signal_rest(sig, rest)
+
+    def signal_rest(self, sig: int, pids: set[int]) -> None:
+        """The same signal to the container's other processes, where the engine runs (here: this host)."""
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
