@@ -91,19 +91,36 @@ class ContainerControl(_Strict):
     docker_host: str = Field(default_factory=lambda: _docker_host_from_env(), validate_default=True,
                              description="the engine that runs it: a unix:// socket on this host (default: "
                                          "$DOCKER_HOST, as the docker CLI reads it, else "
-                                         "unix:///var/run/docker.sock)")
+                                         "unix:///var/run/docker.sock), or ssh://USER@ADDRESS[:PORT], the engine "
+                                         "of a machine under hosts: (reached as the docker CLI reaches it: "
+                                         "`docker system dial-stdio` there, with that host's key files)")
 
     @field_validator("docker_host")
     @classmethod
-    def _local_socket(cls, v: str) -> str:
-        if not v.startswith("unix:///"):
-            raise ValueError("only a unix:///path socket on this host is supported so far (tcp:// and ssh:// "
-                             "engines are not yet)")
-        return v
+    def _engine(cls, v: str) -> str:
+        if v.startswith("unix:///"):
+            return v
+        if v.startswith("ssh://"):
+            parts = urlsplit(v)
+            if not parts.username or not parts.hostname or parts.path not in ("", "/") or parts.query:
+                raise ValueError("expected ssh://USER@ADDRESS or ssh://USER@ADDRESS:PORT (the account and the "
+                                 "machine, declared under hosts:)")
+            return v.rstrip("/")
+        raise ValueError("expected unix:///path (an engine on this host) or ssh://USER@ADDRESS[:PORT] (one on a "
+                         "machine under hosts:); a tcp:// engine is not supported: its containers' processes "
+                         "could be neither read nor signalled, so no fault on them could prove itself")
 
     @property
     def socket(self) -> Path:
         return Path(self.docker_host.removeprefix("unix://"))
+
+    @property
+    def over_ssh(self) -> tuple[str, str, int] | None:
+        """(user, address, port) of an ``ssh://`` engine; None for a socket on this host."""
+        if not self.docker_host.startswith("ssh://"):
+            return None
+        parts = urlsplit(self.docker_host)
+        return parts.username or "", parts.hostname or "", parts.port or 22
 
 
 def _docker_host_from_env() -> str:
@@ -200,6 +217,8 @@ class StackFile(_Strict):
             if role != "toxiproxy" and (svc.proxies or svc.token_file or svc.host_addresses):
                 raise ValueError(f"services.{role}: proxies, token_file and host_addresses belong to the toxiproxy "
                                  "service")
+            if svc.container is not None and svc.container.over_ssh is not None:
+                self._check_ssh_engine(role, svc)
             remote = svc.control.host if svc.control is not None else None
             if remote is not None:
                 if remote not in self.hosts:
@@ -211,13 +230,27 @@ class StackFile(_Strict):
                 if svc.l2 is not None:
                     raise ValueError(f"services.{role}.l2: an L2 on another host is not reachable by kv_corrupt yet "
                                      "(its chunk files would be read and written over SSH); leave l2: out")
-            elif (svc.control or svc.container) is not None and not is_loopback(svc.host):
+            elif (svc.control or svc.container) is not None and not is_loopback(svc.host) and not (
+                    svc.container is not None and svc.container.over_ssh is not None):
                 raise ValueError(f"services.{role}: a pid or container control without host: means this host, but "
                                  f"its url names {svc.host} (declare the machine under hosts: and name it in "
                                  "control.host)")
         if "toxiproxy" in self.services and not self.services["toxiproxy"].proxies:
             raise ValueError("services.toxiproxy.proxies: name at least one proxy and the link it carries")
         return self
+
+    def _check_ssh_engine(self, role: str, svc: Service) -> None:
+        user, address, port = svc.container.over_ssh  # type: ignore[union-attr,misc]
+        named = [n for n, h in self.hosts.items() if (h.user, h.address, h.port) == (user, address, port)]
+        if not named:
+            raise ValueError(f"services.{role}.container.docker_host: {user}@{address}:{port} is no machine under "
+                             f"hosts: (declared: {', '.join(f'{h.user}@{h.address}:{h.port}' for h in self.hosts.values()) or 'none'}); "
+                             "declare it there, with the known_hosts file that holds its key")
+        if svc.host != address:
+            raise ValueError(f"services.{role}: its container runs on {address}, but its url names {svc.host}")
+        if svc.l2 is not None:
+            raise ValueError(f"services.{role}.l2: an L2 on another host is not reachable by kv_corrupt yet "
+                             "(its chunk files would be read and written over SSH); leave l2: out")
 
     def health_url(self, role: str) -> str:
         svc = self.services[role]  # type: ignore[index]
@@ -234,10 +267,19 @@ class StackFile(_Strict):
                                                                     is not None))
 
     def ssh_host(self, role: str) -> SshHost | None:
-        """The machine a service's declared process runs on, when it is not this one."""
+        """The machine a service's declared process (or its container's engine) runs on, when it is not this one."""
         svc = self.services.get(role)  # type: ignore[call-overload]
+        if svc is not None and svc.container is not None:
+            return self.engine_host(svc.container)
         name = svc.control.host if svc is not None and svc.control is not None else None
         return self.hosts[name] if name is not None else None
+
+    def engine_host(self, container: ContainerControl) -> SshHost | None:
+        """The machine under hosts: whose Docker engine an ``ssh://`` docker_host names (validated to exist)."""
+        target = container.over_ssh
+        if target is None:
+            return None
+        return next(h for h in self.hosts.values() if (h.user, h.address, h.port) == target)
 
     def remote_hosts(self) -> list[str]:
         """Hosts of the declared URLs that are not this machine's loopback (each needs --allow-target)."""
