@@ -3,9 +3,10 @@
 The runtime is the user's. kvdrill starts nothing and stops nothing on its own account: ``up`` finds
 every declared service (by URL, and by pid with its exact command line where a control is declared:
 on this host through /proc, on a stack file's SSH host through ``drills/stack/ssh.py``, or as a
-container on a local Docker engine) and checks it is healthy; ``down`` stops nothing and checks the
-stack is as it was found. A fault that stops a service is healed by starting it again with the service's declared ``start`` command and
-waiting until it is healthy; where no such command is declared, the fault is refused before anything
+container on a local Docker engine or on an SSH host's engine, ``drills/stack/docker_ssh.py``) and checks
+it is healthy; ``down`` stops nothing and checks the stack is as it was found. A fault that stops a
+service is healed by starting it again with its declared ``start`` command (a container: ``docker start``)
+and waiting until it is healthy; where no such command is declared, the fault is refused before anything
 is injected (:meth:`AttachedStack.fault_problems`), because nothing could return the stack to the state
 it was found in. A service kvdrill started again is journaled as ``service.restarted_by_control``, never
 ``service.started``, and does not carry the run tag: ``kvdrill rollback`` never stops it, it belongs to
@@ -166,6 +167,29 @@ class AttachedContainer(RunningContainer):
 
 
 @dataclass
+class RemoteContainer(AttachedContainer):
+    """A declared container on another machine's Docker engine (``docker_host: ssh://``): the engine is
+    reached over SSH, and its container's pids are that machine's, so their states, parents and signals
+    are read and sent there over SSH, never through this host's /proc."""
+
+    host: SshHost | None = None
+
+    def _parents(self, pids: set[int]) -> dict[int, int | None]:
+        procs = ssh.processes(self.host)  # type: ignore[arg-type]
+        return {pid: procs[pid].ppid if pid in procs else None for pid in pids}
+
+    def states(self, pids: set[int]) -> dict[int, str]:
+        return ssh.states(self.host, pids)  # type: ignore[arg-type]
+
+    def signal_rest(self, sig: int, pids: set[int]) -> None:
+        if pids:
+            ssh.kill(self.host, sig, pids)  # type: ignore[arg-type]
+
+    def undo_target(self) -> dict[str, Any]:
+        return {**super().undo_target(), "ssh": self.host.model_dump(mode="json")}  # type: ignore[union-attr]
+
+
+@dataclass
 class RemoteService(RunningService):
     """A declared service whose process runs on another machine (``control.host``): found, signalled and
     started again over SSH; its pids are that host's, read from its ``ps`` at each step, never this
@@ -219,12 +243,22 @@ def read_remote_pid(host: SshHost, control: ProcessControl) -> int:
     return int(text)
 
 
-def docker_client(declared: ContainerControl):
-    """A client of the engine the stack file names (never another one): its socket must be a socket."""
+def docker_client(declared: ContainerControl, host: SshHost | None = None):
+    """A client of the engine the stack file names (never another one): a local socket must be a socket; an
+    ``ssh://`` engine is reached on ``host``, the machine under hosts: it names (drills/stack/docker_ssh.py)."""
     import stat as stat_mod
 
     import docker
 
+    if declared.over_ssh is not None:
+        if host is None:
+            raise StackError(f"{declared.docker_host}: no machine under hosts: to reach it through")
+        from drills.stack import docker_ssh
+
+        try:
+            return docker_ssh.client(host)
+        except (ssh.SshError, OSError) as exc:
+            raise StackError(f"cannot reach the Docker engine {declared.docker_host}: {exc}") from exc
     try:
         if not stat_mod.S_ISSOCK(declared.socket.stat().st_mode):
             raise StackError(f"{declared.docker_host} is not a socket")
@@ -233,12 +267,12 @@ def docker_client(declared: ContainerControl):
     return docker.DockerClient(base_url=declared.docker_host, timeout=60)
 
 
-def find_container(declared: ContainerControl):
+def find_container(declared: ContainerControl, host: SshHost | None = None):
     """The declared container, running; a StackError saying why not."""
     import docker
 
     try:
-        container = docker_client(declared).containers.get(declared.name)
+        container = docker_client(declared, host).containers.get(declared.name)
     except docker.errors.NotFound as exc:
         raise StackError(f"no container {declared.name!r} on {declared.docker_host}") from exc
     except docker.errors.DockerException as exc:
@@ -336,7 +370,8 @@ class AttachDriver(ServiceDriver):
 
     def _adopt_container(self, name: str, health_url: str, declared: ContainerControl,
                          generation: int) -> AttachedContainer:
-        container = find_container(declared)
+        host = self.stack_file.engine_host(declared)
+        container = find_container(declared, host)
         state = container.attrs.get("State", {})
         if not state.get("Running"):
             raise StackError(f"{name}: container {declared.name} is {state.get('Status', 'not running')}")
@@ -344,10 +379,15 @@ class AttachDriver(ServiceDriver):
         spec = ServiceSpec(name=name, argv=[*(container.attrs["Config"].get("Cmd") or [])], env={},
                            health_url=health_url, startup_deadline=300.0)
         log_path = self.log_dir / f"{name}.log"
-        svc = AttachedContainer(spec=spec, container=container, log_path=log_path, generation=generation,
-                                started_at=time.monotonic(), pid=pid, popen=ContainerExit(container),
-                                docker_host=declared.docker_host, declared=declared)
-        svc.members = svc.group()
+        kind = {"host": host} if host is not None else {}
+        svc = (RemoteContainer if host is not None else AttachedContainer)(
+            spec=spec, container=container, log_path=log_path, generation=generation, started_at=time.monotonic(),
+            pid=pid, popen=ContainerExit(container), docker_host=declared.docker_host, declared=declared, **kind)
+        try:
+            svc.members = svc.group()
+            ticks = ssh.start_ticks(host, pid) if host is not None else start_ticks(pid)
+        except ssh.SshError as exc:
+            raise StackError(f"{name}: {exc}") from exc
         svc._follower = threading.Thread(target=_follow_logs, args=(container, log_path, int(time.time())),
                                          daemon=True, name=f"logs-{name}-{generation}")
         svc._follower.start()
@@ -355,14 +395,15 @@ class AttachDriver(ServiceDriver):
         self.journal.append("service.attached" if generation == 0 else "service.restarted_by_control",
                             service=name, pid=pid, container=container.name, container_id=container.id[:12],
                             image=container.attrs["Config"]["Image"], docker_host=declared.docker_host,
-                            start_ticks=start_ticks(pid), members=sorted(svc.members), health=health_url)
+                            start_ticks=ticks, members=sorted(svc.members), health=health_url,
+                            **({"host": f"{host.user}@{host.address}:{host.port}"} if host is not None else {}))
         return svc
 
     async def _launch(self, spec: ServiceSpec) -> AttachedService | AttachedContainer:
         declared = self.stack_file.services[spec.name].container  # type: ignore[index]
         if declared is not None:  # its runtime brings it back; a restart policy may have done so already
             def start() -> AttachedContainer:
-                container = find_container(declared)
+                container = find_container(declared, self.stack_file.engine_host(declared))
                 if not container.attrs.get("State", {}).get("Running"):
                     container.start()
                 return self._adopt_container(spec.name, spec.health_url, declared, self._next_generation(spec.name))
@@ -425,7 +466,7 @@ class AttachDriver(ServiceDriver):
         await asyncio.to_thread(svc.popen.wait, 30)
         if isinstance(svc, RemoteService) and svc._stop_follow is not None:
             svc._stop_follow.set()
-        if isinstance(svc, RemoteService):  # on its own host, only what its exited pids left under their names
+        if isinstance(svc, (RemoteService, RemoteContainer)):  # on its own host, only what its exited pids left
             try:
                 cleaned = await asyncio.to_thread(ssh.remove_shm_named_after, svc.host, members - svc.group())
             except ssh.SshError as exc:

@@ -114,9 +114,11 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
                     result.problems.append(f"{name}: {exc}")
                 seen["control"] = "pid and cmdline" + (", start command" if svc.control.start else ", no start command")
             elif svc.container is not None:
-                seen["control"] = f"container {svc.container.name} on {svc.container.docker_host} (docker start)"
+                engine = stack.engine_host(svc.container)
+                seen["control"] = (f"container {svc.container.name} on {svc.container.docker_host}"
+                                   + (" over SSH (docker system dial-stdio there)" if engine else "") + " (docker start)")
                 try:
-                    container = find_container(svc.container)
+                    container = find_container(svc.container, engine)
                     state = container.attrs.get("State", {})
                     seen |= {"container_id": container.id[:12], "image": container.attrs["Config"]["Image"],
                              "container_state": state.get("Status"), "pid": state.get("Pid")}
