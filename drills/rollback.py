@@ -407,15 +407,19 @@ def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
                    "ssh": h.model_dump(mode="json") if (h := f.ssh_host(n)) is not None else None}
                for n, s in services if s.control is not None and (s.control.start is not None or s.control.host)}
     containers = {n: s.container.model_dump(mode="json") for n, s in services if s.container is not None}
+    engines = {n: h.model_dump(mode="json") for n, s in services
+               if s.container is not None and (h := f.engine_host(s.container)) is not None}
     return {**{n: v for n, v in on_disk.items() if isinstance(recorded.get(n), dict)
                and (recorded[n].get("control") or {}).get("start") == v["start"]},
-            **{n: {"container": v} for n, v in containers.items() if isinstance(recorded.get(n), dict)
-               and recorded[n].get("container") == v}}
+            **{n: {"container": v, "ssh": engines.get(n)} for n, v in containers.items()
+               if isinstance(recorded.get(n), dict) and recorded[n].get("container") == v}}
 
 
 def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dict[int, list[str]]) -> str | None:
     if not isinstance(rec, dict):
         return "undo is not an object"
+    if str(rec.get("docker_host", "")).startswith("ssh://"):
+        return _vet_remote_container(rec, state)
     if rec.get("ssh") is not None:
         return _vet_remote(rec, state)
     if rec.get("action") == "start" and rec.get("attached"):
@@ -450,6 +454,29 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
     if argv and not leader_runs(pgid, argv):
         return None  # the undo, given this argv, says the leader runs another command and signals nothing
     return f"group {pgid} is not one the run started (its leader carries no KVDRILL_RUN tag of this run)"
+
+
+def _vet_remote_container(rec: dict[str, Any], state: RunState) -> str | None:
+    """A container on another machine's engine (``ssh://``): the container, its engine and the machine (address,
+    port, account, key files) must be the ones the run's stack file on disk declares for that service, so
+    rollback reaches no engine and no host the user did not name."""
+    want = state.attached_starts.get(str(rec.get("service"))) or {}
+    declared = want.get("container") or {}
+    if (not rec.get("attached") or declared.get("name") != rec.get("container")
+            or declared.get("docker_host") != rec.get("docker_host") or want.get("ssh") is None
+            or want["ssh"] != rec.get("ssh")):
+        return ("the container, its engine or its SSH host is not the one the run's stack file (as it is on disk, "
+                "owned by you and writable by no one else) declares for this service: not contacted")
+    if not isinstance(rec.get("container_id"), str):
+        return "container record without a container id"
+    if rec.get("action") == "start":
+        try:
+            url = urlsplit(str(rec.get("health_url")))
+            if url.scheme not in ("http", "https") or url.username or url.hostname != want["ssh"].get("address"):
+                return f"health url {rec.get('health_url')!r} is not plain http to the declared host"
+        except ValueError as exc:
+            return f"health url {rec.get('health_url')!r}: {exc}"
+    return None
 
 
 def _vet_remote(rec: dict[str, Any], state: RunState) -> str | None:

@@ -88,10 +88,11 @@ def undo(record: dict[str, Any]) -> HealReport:
     rest of the stack anyway. Idempotent."""
     report = HealReport()
     action, service, pgid = record.get("action"), record.get("service"), record.get("pgid")
-    if record.get("attached") and isinstance(record.get("ssh"), dict) and action in ("start", "cont"):
-        return _undo_remote(record, report)
     if action == "start" and record.get("attached") and record.get("container_id"):
         return _start_attached_container(record, report)
+    if record.get("attached") and isinstance(record.get("ssh"), dict) and action in ("start", "cont") \
+            and not record.get("container_id"):
+        return _undo_remote(record, report)
     if action == "start" and record.get("attached") and isinstance(record.get("start"), dict):
         return _start_attached(record, report)
     if action != "cont":
@@ -227,8 +228,8 @@ def _start_attached_container(record: dict[str, Any], report: HealReport) -> Hea
         report.already_healed.append(f"{service} answers {url} (it runs again)")
         return report
     try:
-        container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"])
-                                  ).containers.get(record["container_id"])
+        container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"]),
+                                  _ssh_host(record)).containers.get(record["container_id"])
         if container.name != record.get("container"):
             report.failed.append(f"{service}: container {record['container_id'][:12]} is now {container.name!r}, not "
                                  f"the declared {record.get('container')!r}; not started")
@@ -255,8 +256,19 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
     from drills.stack.containers import container_pids
 
     service, pid = record.get("service"), record.get("pgid")
+    host = _ssh_host(record)  # an engine on another machine: its container's pids are that machine's
+    if host is None and str(record.get("docker_host", "")).startswith("ssh://"):
+        report.failed.append(f"{service}: {record['docker_host']} without the machine's SSH declaration; not contacted")
+        return report
     try:
-        client = docker.DockerClient(base_url=record["docker_host"], timeout=30)
+        if host is not None:
+            from drills.stack.attach import docker_client
+            from drills.stack.stackfile import ContainerControl
+
+            client = docker_client(ContainerControl(name=str(record.get("container")),
+                                                    docker_host=record["docker_host"]), host)
+        else:
+            client = docker.DockerClient(base_url=record["docker_host"], timeout=30)
         container = client.containers.get(record["container_id"])
     except Exception as exc:  # noqa: BLE001 - engine or container gone: nothing is frozen any more
         report.already_healed.append(f"{service}: container {record['container_id'][:12]} not reachable ({exc})")
@@ -266,15 +278,36 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
         report.already_healed.append(f"{service}: container no longer runs pid {pid}; not signalled")
         return report
     pids = container_pids(container)
-    stopped = [p for p, s in process_states(pids).items() if s == "T"]
-    for p in pids:
+    if host is not None:
+        from drills.stack import ssh
+
         try:
-            os.kill(p, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+            stopped = [p for p, s in ssh.states(host, pids).items() if s == "T"]
+            ssh.kill(host, signal.SIGCONT, pids)
+        except ssh.SshError as exc:
+            report.failed.append(f"{service}: SIGCONT to container {container.name} on {host.address}: {exc}")
+            return report
+    else:
+        stopped = [p for p, s in process_states(pids).items() if s == "T"]
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    where = f" on {host.address}" if host is not None else ""
     (report.undone if stopped else report.already_healed).append(
-        f"SIGCONT to {service} container {container.name} ({len(stopped)} stopped process(es))")
+        f"SIGCONT to {service} container {container.name}{where} ({len(stopped)} stopped process(es))")
     return report
+
+
+def _ssh_host(record: dict[str, Any]):
+    """The machine of a container record whose engine is ``ssh://`` (rollback has vetted it against the
+    stack file on disk); None for an engine on this host."""
+    if not str(record.get("docker_host", "")).startswith("ssh://") or not isinstance(record.get("ssh"), dict):
+        return None
+    from drills.stack.stackfile import SshHost
+
+    return SshHost.model_validate(record["ssh"])
 
 
 class ProcessFault(Injector):

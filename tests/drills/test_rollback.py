@@ -432,6 +432,42 @@ def test_a_service_on_an_ssh_host_is_contacted_only_as_the_stack_file_on_disk_de
     assert any("the run's stack file" in i.what for i in report.of("failed")), report.items
 
 
+@pytest.mark.parametrize("forged", ["another host", "another engine", "another container", "no host"])
+@pytest.mark.parametrize("action", ["start", "cont"])
+def test_a_container_on_an_ssh_engine_is_contacted_only_as_the_stack_file_on_disk_declares_it(tmp_path, forged,
+                                                                                              action):
+    from drills.stack.stackfile import load_stack_file
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\n"
+                     "hosts: {box: {address: 10.253.9.2, user: drill, known_hosts: /etc/kvd/known_hosts}}\n"
+                     "services:\n  engine: {url: 'http://10.253.9.2:8000'}\n"
+                     "  lmcache:\n    url: http://10.253.9.2:9\n"
+                     "    container: {name: lm-1, docker_host: 'ssh://drill@10.253.9.2'}\n")
+    stack.chmod(0o644)
+    f = load_stack_file(stack)
+    declared_host = f.hosts["box"].model_dump(mode="json")
+    record = {"action": action, "service": "lmcache", "pgid": 4242, "attached": True, "container": "lm-1",
+              "container_id": "0123456789ab", "docker_host": "ssh://drill@10.253.9.2", "ssh": declared_host,
+              "health_url": "http://10.253.9.2:9/healthcheck"}
+    if forged == "another host":
+        record["ssh"] = {**declared_host, "known_hosts": "/tmp/forged_known_hosts"}
+    elif forged == "another engine":
+        record["docker_host"] = "ssh://drill@10.253.9.66"
+    elif forged == "another container":
+        record["container"] = "someone_elses_db_1"
+    else:
+        del record["ssh"]
+    run = tmp_path / "run"
+    j = _run_journal(run)
+    j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=f.model_dump(mode="json"))
+    j.append("fault.undo", fault_id="f0-process", injector="process", undo=record)
+    j.close()
+    report = rb.rollback(run, grace=1.0)  # refused before any connection: no sshd listens on 10.253.9.x
+    assert not report.ok and not report.of("undone")
+    assert any("its SSH host is not the one the run's stack file" in i.what for i in report.of("failed")), report.items
+
+
 def test_rollback_heals_in_the_order_the_runner_would_a_frozen_master_before_the_engine(tmp_path, monkeypatch):
     """Rollback undid faults newest first: after a SIGKILL of kvdrill it started the engine again while the
     older fault still froze the master it needs. It now reads each fault's affects/needs from fault.planned
