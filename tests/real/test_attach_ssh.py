@@ -9,23 +9,34 @@ SSH, a SIGKILL of the engine is sent over SSH, and the heal starts it again ther
 command; the run's log is the engine's own log followed over SSH. A drill without `--allow-target` for
 that address is refused before anything is contacted, and a kvdrill SIGKILLed while the engine is frozen
 is undone by `kvdrill rollback` over SSH.
+
+The other machine also runs its own Docker engine (a second dockerd in the namespace, its socket handed
+to every SSH session as DOCKER_HOST), and the user's launcher runs the LMCache server there as a container.
+The stack file names that engine ``ssh://root@ADDRESS``: the container is found, signalled (its processes
+read in that machine's process table) and started again with `docker start` through it, and a kvdrill
+SIGKILLed while it is frozen is undone by `kvdrill rollback` through the same engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import docker
 import pytest
 from ruamel.yaml import YAML
 
+from drills.stack.dockerd import unmount_under
+from drills.stack.images import base_image
 from drills.stack.sandbox import free_port
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, run_kvdrill
@@ -45,6 +56,7 @@ from .test_attach import (
 pytestmark = pytest.mark.real
 
 SSHD = Path("/usr/sbin/sshd")
+LMCACHE_CONTAINER = "user-lmcache-1"
 
 
 def _sh(*argv: str) -> None:
@@ -61,7 +73,11 @@ def ssh_host(tmp_path_factory):
     ns, veth_h, veth_n = f"kvd-sshhost-{tag}", f"kvs{tag}h", f"kvs{tag}n"
     net = ipaddress.ip_network(f"10.253.{secrets.randbelow(250) + 1}.{4 * secrets.randbelow(60)}/30")
     here, there = (str(a) for a in list(net.hosts())[:2])
-    sshd = None
+    # the other machine's own Docker engine: in its network namespace (nsenter --net, not `ip netns exec`,
+    # which remounts /sys and hides the cgroup mounts dockerd needs), with its own data root and a socket
+    # that its sshd hands every session as DOCKER_HOST, as a Docker host's default socket is its CLI's
+    engine_run = Path("/run") / f"kvd-rd-{tag}"
+    sshd = dockerd = None
     try:
         _sh("ip", "netns", "add", ns)
         _sh("ip", "link", "add", veth_h, "type", "veth", "peer", "name", veth_n)
@@ -80,7 +96,7 @@ def ssh_host(tmp_path_factory):
             f"ListenAddress {there}\nPort 22\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
             f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-            "AcceptEnv none\n")
+            f"AcceptEnv none\nSetEnv DOCKER_HOST=unix://{engine_run / 'docker.sock'}\n")
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         sshd = subprocess.Popen(["ip", "netns", "exec", ns, str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
                                 stdout=(d / "sshd.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -90,11 +106,37 @@ def ssh_host(tmp_path_factory):
         while subprocess.run([*ssh, "true"], capture_output=True, timeout=30).returncode != 0:
             assert time.monotonic() < deadline and sshd.poll() is None, (d / "sshd.log").read_text()
             time.sleep(0.5)
-        yield {"dir": d, "address": there, "ssh": ssh, "ns": ns}
+        engine_run.mkdir(mode=0o700)
+        dockerd = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{ns}", "dockerd", "--data-root", str(d / "docker-root"),
+             "--exec-root", str(engine_run / "exec"), "--pidfile", str(d / "dockerd.pid"),
+             "-H", f"unix://{engine_run / 'docker.sock'}", "--bridge=none", "--iptables=false", "--ip6tables=false"],
+            stdout=(d / "dockerd.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                engine = docker.DockerClient(base_url=f"unix://{engine_run / 'docker.sock'}", timeout=60)
+                break
+            except docker.errors.DockerException:
+                assert time.monotonic() < deadline and dockerd.poll() is None, (d / "dockerd.log").read_text()[-2000:]
+                time.sleep(0.5)
+        # an image without a Python: the LMCache container runs this machine's interpreter and venv, mounted
+        image = base_image(engine)
+        yield {"dir": d, "address": there, "ssh": ssh, "ns": ns, "engine": engine, "image": image}
     finally:
         if sshd is not None:
             os.killpg(sshd.pid, signal.SIGTERM)
             sshd.wait(timeout=30)
+        if dockerd is not None:
+            os.killpg(dockerd.pid, signal.SIGTERM)
+            try:
+                dockerd.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(dockerd.pid, signal.SIGKILL)
+                dockerd.wait(timeout=30)
+            unmount_under(engine_run)
+            unmount_under(d / "docker-root")
+            shutil.rmtree(engine_run, ignore_errors=True)
         subprocess.run(["ip", "link", "del", veth_h], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
@@ -106,7 +148,9 @@ def remote_stack(ssh_host, tmp_path_factory):
     ports = {k: free_port() for k in ("P_TOXI", "P_PROXY", "P_ZMQ", "P_HTTP", "P_ENGINE")}
     engine, engine_env = user_engine(ports, host=there)
     (d / "engine.argv").write_text("\n".join(engine) + "\n")
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**start_env(d, ports), "HOST": there}.items())
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**start_env(d, ports), "HOST": there,
+                                                         "LMCACHE_CONTAINER": LMCACHE_CONTAINER,
+                                                         "LMCACHE_IMAGE": ssh_host["image"]}.items())
     subprocess.run([*ssh_host["ssh"], f"cd {shlex.quote(str(REPO))} && env {env} bash {shlex.quote(str(SCRIPT))}"],
                    check=True, timeout=60, capture_output=True)
     urls = {"engine": f"http://{there}:{ports['P_ENGINE']}", "lmcache": f"http://{there}:{ports['P_HTTP']}"}
@@ -127,14 +171,18 @@ def remote_stack(ssh_host, tmp_path_factory):
                                 "control": {"host": "box", "pidfile": str(d / "engine.pid"), "cmdline": cmdline,
                                             "start": {"argv": engine, "env": engine_env,
                                                       "log": str(d / "logs" / "engine.log")}}},
-                     # URL only, without its L2: chunk files on another machine are not reachable yet
-                     "lmcache": {"url": urls["lmcache"], "chunk_size": 256}}}
+                     # a container on that machine's Docker engine, reached over SSH; without its L2: chunk
+                     # files on another machine are not reachable yet
+                     "lmcache": {"url": urls["lmcache"], "chunk_size": 256,
+                                 "container": {"name": LMCACHE_CONTAINER, "docker_host": f"ssh://root@{there}"}}}}
         path = d / "stack.yaml"
         with path.open("w") as fh:
             YAML().dump(stack, fh)
         yield path, d, urls, there
     finally:
         stop_user_stack(d)  # the namespace shares this host's pids: its services are stopped by pidfile group
+        with contextlib.suppress(docker.errors.NotFound):
+            ssh_host["engine"].containers.get(LMCACHE_CONTAINER).remove(force=True)
 
 
 def engine_known_hosts(stack_file: Path) -> str:
@@ -158,6 +206,9 @@ def test_another_host_needs_allow_target_and_stack_check_reads_it_over_ssh(remot
     engine = json.loads(proc.stdout)["services"]["engine"]
     assert engine["control"].startswith(f"pid and cmdline on root@{there}:22 over SSH")
     assert engine["pid"] == int((d / "engine.pid").read_text())
+    lmcache = json.loads(proc.stdout)["services"]["lmcache"]
+    assert lmcache["control"].startswith(f"container {LMCACHE_CONTAINER} on ssh://root@{there} over SSH")
+    assert lmcache["container_state"] == "running"
     dry = run_kvdrill(["run", str(REPO / "scenarios" / "basics" / "verify-stack.yaml"), "--stack", str(stack_file),
                        "--dry-run"], timeout=120)
     assert dry.returncode == 2 and f"--allow-target {there}" in dry.stdout
@@ -179,7 +230,7 @@ def test_an_engine_on_the_ssh_host_is_killed_and_started_again_over_ssh(remote_s
     proc, run_dir = _drill(stack_file, scenario, "kill", "--allow-target", there)
     [verified] = _events(run_dir, "fault.verified")
     assert verified["data"]["effective"], proc.stderr[-3000:]
-    [attached] = _events(run_dir, "service.attached")
+    [attached] = [e for e in _events(run_dir, "service.attached") if e["data"]["service"] == "engine"]
     assert attached["data"]["host"] == f"root@{there}:22" and attached["data"]["pid"] == old_pid
     [healed] = _events(run_dir, "fault.healed")
     assert any(w.startswith("started engine again") for w in healed["data"]["undone"]), healed["data"]
@@ -206,29 +257,8 @@ def test_a_kvdrill_killed_while_the_remote_engine_is_frozen_is_rolled_back_over_
         # the heal is what this drill is about: an engine SIGKILL leaves LMCache's worker registration until
         # its reap timeout (the catalogue's engine-kill drills judge that), so the drain does not wait for it
         "checks: {leaks: {lmcache_status: false}}\n")
-    reports = ARTIFACTS / "attach-ssh" / "freeze"
-    reports.mkdir(parents=True, exist_ok=True)
-    before = set(reports.iterdir())
-    kvdrill = subprocess.Popen([str(KVDRILL), "run", str(scenario), "--stack", str(stack_file), "--reports-dir",
-                                str(reports), "--allow-target", there], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
     pid = int((d / "engine.pid").read_text())
-    try:
-        deadline = time.monotonic() + 600
-        run_dir = None
-        while time.monotonic() < deadline:
-            new = [p for p in set(reports.iterdir()) - before if p.is_dir()]
-            if new and (new[0] / "journal.jsonl").exists() and _events(new[0], "fault.verified"):
-                run_dir = new[0]
-                break
-            assert kvdrill.poll() is None, "kvdrill ended before the freeze was verified"
-            time.sleep(0.5)
-        assert run_dir is not None, "the freeze was not verified in time"
-        os.killpg(kvdrill.pid, signal.SIGKILL)  # kvdrill dies with the engine frozen on the other machine
-        kvdrill.wait(timeout=30)
-    finally:
-        if kvdrill.poll() is None:
-            os.killpg(kvdrill.pid, signal.SIGKILL)
+    run_dir = _killed_once_verified(stack_file, scenario, "freeze", there)  # the engine frozen on the other machine
     states = _group_states(ssh_host, pid)
     assert states and all(s.startswith("T") for s in states), states
     rb = run_kvdrill(["rollback", str(run_dir)], timeout=300)
@@ -240,8 +270,96 @@ def test_a_kvdrill_killed_while_the_remote_engine_is_frozen_is_rolled_back_over_
     assert _healthy(urls["engine"] + "/health")
 
 
+def _killed_once_verified(stack_file: Path, scenario: Path, name: str, there: str) -> Path:
+    """Run ``scenario`` and SIGKILL kvdrill as soon as its fault is verified; the run directory."""
+    reports = ARTIFACTS / "attach-ssh" / name
+    reports.mkdir(parents=True, exist_ok=True)
+    before = set(reports.iterdir())
+    kvdrill = subprocess.Popen([str(KVDRILL), "run", str(scenario), "--stack", str(stack_file), "--reports-dir",
+                                str(reports), "--allow-target", there], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            new = [p for p in set(reports.iterdir()) - before if p.is_dir()]
+            if new and (new[0] / "journal.jsonl").exists() and _events(new[0], "fault.verified"):
+                os.killpg(kvdrill.pid, signal.SIGKILL)
+                kvdrill.wait(timeout=30)
+                return new[0]
+            assert kvdrill.poll() is None, "kvdrill ended before its fault was verified"
+            time.sleep(0.5)
+        raise AssertionError("the fault was not verified in time")
+    finally:
+        if kvdrill.poll() is None:
+            os.killpg(kvdrill.pid, signal.SIGKILL)
+
+
 def _group_states(ssh_host: dict, pgid: int) -> list[str]:
     """ps STAT of every process of group ``pgid`` on the other machine, read there over SSH."""
     out = subprocess.run([*ssh_host["ssh"], f"ps -e -o pgid= -o stat= | awk '$1 == {pgid} {{print $2}}'"],
+                         capture_output=True, text=True, timeout=30).stdout
+    return out.split()
+
+
+def test_a_cache_server_container_on_the_ssh_hosts_engine_is_killed_and_started_again_over_ssh(
+        remote_stack, ssh_host, tmp_path):
+    """The LMCache server runs as a container on the other machine's own Docker engine, which kvdrill reaches as
+    ``ssh://root@ADDRESS`` (docker system dial-stdio there, on the stack file's key files): the kill is sent
+    through that engine and proven from that machine's process table, and the heal is `docker start` there."""
+    stack_file, d, urls, there = remote_stack
+    container = ssh_host["engine"].containers.get(LMCACHE_CONTAINER)
+    old_pid = container.attrs["State"]["Pid"]
+    scenario = tmp_path / "kill-remote-lmcache.yaml"
+    scenario.write_text(
+        "name: attach-ssh-lmcache-kill\nseed: 7\n"
+        "workload: {prompts: 1, shared_prefix_tokens: 256, unique_tokens: 256, max_tokens: 4, concurrency: 1}\n"
+        "chaos:\n  faults:\n    - {injector: process, params: {service: lmcache, action: kill}}\n"
+        "recovery: {actions: []}\n"
+        # what is judged here is the kill and its heal through the remote engine; the engine's registration with
+        # the new server is the catalogue's lmcache-562 drill
+        "checks: {leaks: {lmcache_status: false}}\n")
+    proc, run_dir = _drill(stack_file, scenario, "lmcache-kill", "--allow-target", there)
+    [verified] = _events(run_dir, "fault.verified")
+    assert verified["data"]["effective"], proc.stderr[-3000:]
+    [attached] = [e for e in _events(run_dir, "service.attached") if e["data"]["service"] == "lmcache"]
+    assert attached["data"]["host"] == f"root@{there}:22" and attached["data"]["docker_host"] == f"ssh://root@{there}"
+    assert attached["data"]["pid"] == old_pid and attached["data"]["container"] == LMCACHE_CONTAINER
+    [restarted] = _events(run_dir, "service.restarted_by_control")
+    container.reload()
+    assert container.attrs["State"]["Running"] and restarted["data"]["pid"] == container.attrs["State"]["Pid"] != old_pid
+    assert _healthy(urls["lmcache"] + "/healthcheck")
+    _as_found(run_dir)
+    # the answers stayed right; recovery FAILs here, as it should: the engine does not register with the new
+    # server until it restarts (the catalogue's lmcache-562 restarts it), so later requests get no hits
+    checks = {c["name"]: c["verdict"] for c in json.loads((run_dir / "verdict.json").read_text())["checks"]}
+    assert checks["correctness"] == "pass", checks
+
+
+def test_a_kvdrill_killed_while_the_remote_cache_container_is_frozen_is_rolled_back_over_ssh(
+        remote_stack, ssh_host, tmp_path):
+    stack_file, d, urls, there = remote_stack
+    scenario = tmp_path / "freeze-remote-lmcache.yaml"
+    scenario.write_text(
+        "name: attach-ssh-lmcache-freeze\nseed: 8\n"
+        "workload: {prompts: 1, shared_prefix_tokens: 256, unique_tokens: 256, max_tokens: 4, concurrency: 1}\n"
+        "chaos:\n  faults:\n    - {injector: process, params: {service: lmcache, action: stop}}\n"
+        "recovery: {actions: []}\nchecks: {leaks: {lmcache_status: false}}\n")
+    container = ssh_host["engine"].containers.get(LMCACHE_CONTAINER)
+    run_dir = _killed_once_verified(stack_file, scenario, "freeze-lmcache", there)
+    pids = {int(row[0]) for row in container.top(ps_args="-o pid")["Processes"]}
+    states = _states_of(ssh_host, pids)
+    assert states and all(s.startswith("T") for s in states), states
+    rb = run_kvdrill(["rollback", str(run_dir)], timeout=300)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    states = _states_of(ssh_host, pids)
+    assert states and not any(s.startswith("T") for s in states), states
+    assert any(f"SIGCONT to lmcache container {LMCACHE_CONTAINER} on {there}" in e["data"]["what"]
+               for e in _events(run_dir, "rollback.undone")), rb.stdout
+    assert _healthy(urls["lmcache"] + "/healthcheck")
+
+
+def _states_of(ssh_host: dict, pids: set[int]) -> list[str]:
+    """ps STAT of ``pids`` on the other machine, read there over SSH."""
+    out = subprocess.run([*ssh_host["ssh"], "ps -o stat= -p " + ",".join(map(str, sorted(pids)))],
                          capture_output=True, text=True, timeout=30).stdout
     return out.split()
