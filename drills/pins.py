@@ -7,8 +7,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drills.shipped import PINS
+
+# the directory the drills package is in (a checkout, or site-packages): where kvdrill's own modules are
+# copied from into images and run from in subprocesses; shipped data files are found by drills/shipped.py
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PINS_FILE = REPO_ROOT / "pins.toml"
+PINS_FILE = PINS
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from drills.isolation import Owned
 from drills.journal import Journal
 from drills.procstat import PGRP, PPID, start_ticks, stat_fields
 from drills.scenario import StackSpec
+from drills.shipped import COMPOSE
 from drills.stack import ssh
 from drills.stack.api import Capability
 from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
@@ -54,7 +55,7 @@ from drills.stack.process import (
 from drills.stack.sandbox import SandboxStack
 from drills.stack.stackfile import ContainerControl, ProcessControl, SshHost, StackFile, is_loopback, load_stack_file
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "compose" / "attach" / "my-stack.yaml"
+EXAMPLE = COMPOSE / "attach" / "my-stack.yaml"
 LEAVES_DOWN = ("term", "kill", "restart")  # process actions that need the service started again
 
 

@@ -28,7 +28,8 @@ import httpx
 from ruamel.yaml import YAML
 
 from drills.journal import Journal
-from drills.pins import REPO_ROOT, stack_venv
+from drills.pins import stack_venv
+from drills.shipped import COMPOSE, DATA_ROOT
 from drills.stack.compose_project import ComposeProject, ComposeStack
 from drills.stack.containers import SERVICE_LABEL
 from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
@@ -36,7 +37,7 @@ from drills.stack.netns import PREFIX, NetNamespace, inode_of
 from drills.stack.process import ServiceSpec, StackError
 from drills.stack.sandbox import SERVED_MODEL, free_port, toxiproxy_listen_hosts, write_toxiproxy_config
 
-COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-docker" / "docker-compose.mooncake.yml"
+COMPOSE_FILE = COMPOSE / "sandbox-docker" / "docker-compose.mooncake.yml"
 POD = "pod"  # holds the namespace; not a service a drill sees or faults
 DEPENDS = {"store-a": ["mooncake-master"], "store-b": ["mooncake-master"],
            "engine": ["mooncake-master", "store-a", "store-b", "toxiproxy"]}
@@ -98,7 +99,7 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
             "KVD_KV_TRANSFER_CONFIG": json.dumps(kv_transfer),
         }
         deadline = {"engine": opts.startup_deadline, "baseline": opts.startup_deadline}
-        self.specs = self._wanted({name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(REPO_ROOT)}#{name}"],
+        self.specs = self._wanted({name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(DATA_ROOT)}#{name}"],
                                         env={}, health_url=f"{self.url(name)}{HEALTH_PATH.get(name, '/health')}",
                                         startup_deadline=float(deadline.get(name, 30.0)),
                                         depends_on=DEPENDS.get(name, []))
@@ -107,7 +108,7 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
                             host_ports=self.host_ports, toxiproxy_seed=self.toxiproxy_seed,
                             model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
                             lmcache_config=self.lmcache_config_doc(),
-                            compose_file=str(COMPOSE_FILE.relative_to(REPO_ROOT)))
+                            compose_file=str(COMPOSE_FILE.relative_to(DATA_ROOT)))
 
     async def up(self) -> None:
         if not self.specs:

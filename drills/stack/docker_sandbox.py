@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 
 from drills.journal import Journal
-from drills.pins import REPO_ROOT, stack_venv
+from drills.pins import stack_venv
 from drills.scenario import StackSpec
+from drills.shipped import COMPOSE, DATA_ROOT
 from drills.stack.compose_project import ComposeProject, ComposeStack, volume_dir
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.process import ServiceSpec
@@ -44,7 +45,7 @@ from drills.stack.sandbox import (
     write_toxiproxy_config,
 )
 
-COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-docker" / "docker-compose.yml"
+COMPOSE_FILE = COMPOSE / "sandbox-docker" / "docker-compose.yml"
 # ports inside the containers that kvdrill names (the compose file has them; compose publishes each on a
 # free 127.0.0.1 port of the host)
 LMCACHE_ZMQ, PROXY_LISTEN = 5555, 6555
@@ -137,7 +138,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
                             l2_dir=str(self.l2_dir), toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir),
                             served_model_dir=str(self.served_model_dir), l2_adapter=adapter,
                             l2_source=self.env["KVD_L2_SOURCE"],
-                            kv_transfer_config=kv_transfer, compose_file=str(COMPOSE_FILE.relative_to(REPO_ROOT)))
+                            kv_transfer_config=kv_transfer, compose_file=str(COMPOSE_FILE.relative_to(DATA_ROOT)))
 
     def _specs(self, engine_deadline: float) -> dict[str, ServiceSpec]:
         """What the driver needs per service: its health URL on the host, deadline and dependencies (the
@@ -146,7 +147,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
                   "engine": f"{self.url('engine')}/health", "baseline": f"{self.url('baseline')}/health"}
         deadline = {"toxiproxy": 30.0, "lmcache": 120.0, "engine": float(engine_deadline),
                     "baseline": float(engine_deadline)}
-        return {name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(REPO_ROOT)}#{name}"], env={},
+        return {name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(DATA_ROOT)}#{name}"], env={},
                                   health_url=health[name], startup_deadline=deadline[name],
                                   depends_on=DEPENDS.get(name, []), after_start=AFTER_START.get(name, []))
                 for name in ("toxiproxy", "lmcache", "engine", "baseline")}

@@ -25,8 +25,9 @@ from ruamel.yaml import YAML
 from drills.isolation import Owned
 from drills.journal import Journal
 from drills.observe import logs, prom
-from drills.pins import REPO_ROOT, stack_python, stack_venv
+from drills.pins import stack_python, stack_venv
 from drills.scenario import StackSpec
+from drills.shipped import COMPOSE
 from drills.stack.api import Capability
 from drills.stack.base import ProcessStack
 from drills.stack.kernelnet import KernelNet
@@ -41,7 +42,7 @@ from drills.stack.sandbox import (
 )
 from drills.triggers import StoreProbe
 
-COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox-mooncake" / "stack.yaml"
+COMPOSE_FILE = COMPOSE / "sandbox-mooncake" / "stack.yaml"
 SHIM_DIR = Path(__file__).with_name("vllm_shims")
 
 # inside the namespace every port is free, so these are fixed; only the baseline (host) gets a free port

@@ -28,8 +28,9 @@ from drills.durations import parse_duration
 from drills.inputs import MAX_COMPOSE_FILE_BYTES, read_text_limited
 from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
-from drills.pins import REPO_ROOT, cache_home, stack_python, stack_venv
+from drills.pins import cache_home, stack_python, stack_venv
 from drills.scenario import StackSpec
+from drills.shipped import COMPOSE
 from drills.stack.api import Capability
 from drills.stack.base import SERVED_MODEL, TOXIPROXY_TOKEN, ProcessStack
 from drills.stack.diskfs import RunFilesystem
@@ -37,7 +38,7 @@ from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
 from drills.triggers import StoreProbe
 
-COMPOSE_FILE = REPO_ROOT / "compose" / "sandbox" / "stack.yaml"
+COMPOSE_FILE = COMPOSE / "sandbox" / "stack.yaml"
 PROBE = Path(__file__).with_name("lmcache_probe.py")
 PATCH_DIR = Path(__file__).with_name("lmcache_patches")
 HASH_ALGORITHM = "blake3"  # the MP server's default (--hash-algorithm), observed in /status
