@@ -70,9 +70,23 @@ def _on_stack(loaded, ref: str):
     return dataclasses.replace(loaded, scenario=scenario)
 
 
+def _scenario_path(path: Path) -> Path:
+    """``path``, or the catalogue's scenario of that name when no such file is here (drills/shipped.py); a
+    name found in neither is said with where it was looked for."""
+    from drills import shipped
+
+    found = shipped.resolve(path)
+    if not found.exists():
+        typer.echo(f"{path}: no such file here, and no scenario of that name in the catalogue ({shipped.CATALOGUE}); "
+                   "`kvdrill catalogue` lists the catalogue", err=True)
+        raise typer.Exit(2)
+    return found
+
+
 def _load(path: Path):
     from drills.matrix import is_matrix_file
 
+    path = _scenario_path(path)
     if is_matrix_file(path):
         typer.echo(f"{path} is a matrix file: run its variants with `kvdrill suite {path}`", err=True)
         raise typer.Exit(2)
@@ -105,7 +119,7 @@ def validate(files: list[Path] = typer.Argument(..., help="scenario YAML files")
     from drills.matrix import expand, is_matrix_file
 
     bad = 0
-    for f in files:
+    for f in map(_scenario_path, files):
         try:
             if is_matrix_file(f):
                 names = [v.name for v in expand(f)]
@@ -183,6 +197,80 @@ def stack_check(file: Path = typer.Argument(..., help="stack file"),
     for problem in result.problems:
         err.print(f"[red]problem:[/] {problem}", highlight=False)
     raise typer.Exit(0 if result.ok else 2)
+
+
+@app.command()
+def catalogue(as_json: bool = typer.Option(False, "--json", help="machine-readable")) -> None:
+    """The scenarios kvdrill ships: run one by its name here (`kvdrill run flagship/hit-rate-is-not-correctness`)
+    from any directory, or copy it (the path is printed) to make it your own."""
+    from rich.table import Table
+
+    from drills import shipped
+    from drills.matrix import is_matrix_file
+
+    rows = []
+    for rel in shipped.catalogue_entries():
+        path = shipped.CATALOGUE / rel
+        name = str(rel.with_suffix(""))
+        if is_matrix_file(path):
+            rows.append({"name": name, "scenario": None, "faults": "matrix: `kvdrill suite` runs its variants",
+                         "path": str(path)})
+            continue
+        try:
+            sc = load_scenario(path).scenario
+        except ScenarioError as exc:  # a shipped scenario that does not load is a bug: say it, list the rest
+            rows.append({"name": name, "scenario": None, "faults": f"INVALID: {exc.render()}", "path": str(path)})
+            continue
+        rows.append({"name": name, "scenario": sc.name, "stack": sc.stack.ref,
+                     "faults": ", ".join(f.injector for f in sc.chaos.faults) or "none", "path": str(path)})
+    if as_json:
+        out.print_json(data=rows)
+        return
+    table = Table(title=f"the catalogue ({shipped.CATALOGUE})")
+    for col in ("name", "stack", "faults"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r.get("stack") or "", r["faults"])
+    out.print(table)
+
+
+@app.command()
+def init(directory: Path = typer.Argument(Path("."), help="where to write the two files"),
+         force: bool = typer.Option(False, "--force", help="overwrite files of those names")) -> None:
+    """Write a starter stack file for a stack you run (my-stack.yaml, with a comment on every field) and a
+    first scenario on it (first-drill.yaml: the verification kit, no fault), then say what to run next."""
+    from drills import shipped
+
+    files = {directory / "my-stack.yaml": (shipped.COMPOSE / "attach" / "my-stack.yaml").read_text(),
+             directory / "first-drill.yaml": _first_drill()}
+    there = [str(f) for f in files if f.exists()]
+    if there and not force:
+        typer.echo(f"not written: {', '.join(there)} already exist (--force overwrites them)", err=True)
+        raise typer.Exit(2)
+    directory.mkdir(parents=True, exist_ok=True)
+    for f, text in files.items():
+        f.write_text(text)
+        typer.echo(f"wrote {f}")
+    stack_file, scenario = (str(f) for f in files)
+    typer.echo(f"next: fill in your services in {stack_file}, then\n"
+               f"  kvdrill stack check {stack_file}\n"
+               f"  kvdrill run {scenario} --dry-run\n"
+               f"  kvdrill run {scenario}")
+
+
+def _first_drill() -> str:
+    """The catalogue's verification kit, pointed at my-stack.yaml beside it, with comments for a first run."""
+    from drills import shipped
+
+    kit = (shipped.CATALOGUE / "basics" / "verify-stack.yaml").read_text()
+    lines = kit.splitlines()
+    start = next(i for i, line in enumerate(lines) if not line.startswith("#"))  # its own header is for --stack
+    body = "\n".join(line for line in lines[start:] if not line.startswith("stack:"))
+    return ("# Your first drill (written by `kvdrill init`): the verification kit, with no fault, on the stack that\n"
+            "# my-stack.yaml describes. Every prompt is answered cold (with a fresh cache_salt), warm and read back\n"
+            "# from LMCache; the report compares the answers token by token. Run it before any fault.\n"
+            "# Next: copy a scenario of the catalogue (`kvdrill catalogue` lists them) and point its stack: here.\n"
+            "stack: {file: my-stack.yaml}        # relative to this file\n" + body.rstrip() + "\n")
 
 
 @app.command()
@@ -304,7 +392,7 @@ def suite(paths: list[Path] = typer.Argument(..., help="scenario files and/or di
     index.md and junit.xml. Exit status: the worst drill's (see `kvdrill run`)."""
     from drills.suite import collect, load_all, run_suite
 
-    files = collect(paths)
+    files = collect([_scenario_path(p) for p in paths])
     if not files:
         typer.echo(f"no scenario files (*.yaml) under {', '.join(map(str, paths))}", err=True)
         raise typer.Exit(2)
