@@ -1,0 +1,111 @@
+"""kvdrill as a user installs it: a wheel built from this tree, installed into a fresh virtualenv, used
+from an empty directory that is no checkout.
+
+The wheel is built from a copy of the files git tracks or would track (what a release is built from,
+without this checkout's venv, reports or build leftovers), installed with pip into a new venv of the
+system Python, and every command runs with that venv's ``kvdrill`` in a directory holding nothing:
+the catalogue is found by name, the built-in stack and the pins come from the wheel (drills/shipped.py),
+``kvdrill setup`` finds the shared stack venv and model up to date, the flagship runs for real on the
+sandbox with its report under the current directory, and ``kvdrill init`` writes a stack file and a
+first scenario that validate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.real
+
+FLAGSHIP = "flagship/hit-rate-is-not-correctness"
+
+
+def _tracked_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True).stdout.split(b"\0")
+    for rel in (f.decode() for f in files if f):
+        src = REPO / rel
+        if src.is_file():  # a file deleted in the work tree but not yet in git's index is no part of it
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the venv's kvdrill, an empty working directory, the environment to run it in)."""
+    d = tmp_path_factory.mktemp("wheel")
+    src, dist, venv, work = d / "src", d / "dist", d / "venv", d / "work"
+    _tracked_tree(src)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
+                   check=True, capture_output=True, timeout=600)
+    [wheel] = dist.glob("kvdrill-*.whl")
+    base = shutil.which("python3") or sys.executable
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+                   check=True, capture_output=True, timeout=900)
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    return venv / "bin" / "kvdrill", work, env
+
+
+def _kvdrill(installed, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    kvdrill, work, env = installed
+    return subprocess.run([str(kvdrill), *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_installed_wheel_runs_from_its_own_files_not_the_checkout(installed):
+    kvdrill, work, env = installed
+    where = subprocess.run([str(kvdrill.parent / "python"), "-c",
+                            "import drills, drills.shipped as s; print(drills.__file__); print(s.DATA_ROOT)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True).stdout.split()
+    site = kvdrill.parent.parent
+    assert all(Path(p).is_relative_to(site) for p in where), where
+    assert Path(where[1]).name == "_shipped" and not list(work.iterdir())
+
+
+def test_validate_dry_run_and_init_work_in_an_empty_directory(installed):
+    _, work, _ = installed
+    cat = _kvdrill(installed, "catalogue", "--json")
+    assert cat.returncode == 0, cat.stderr
+    names = {row["name"] for row in json.loads(cat.stdout)}
+    assert FLAGSHIP in names and "basics/verify-stack" in names and "controls/d01-fs-l2-zeroed-chunk" in names
+    for args in (("validate", FLAGSHIP), ("validate", f"scenarios/{FLAGSHIP}.yaml"),
+                 ("run", FLAGSHIP, "--dry-run")):
+        proc = _kvdrill(installed, *args)
+        assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
+    typo = _kvdrill(installed, "run", "flagship/hit-rate-is-not-correctnes")
+    assert typo.returncode == 2 and "no scenario of that name in the catalogue" in typo.stderr
+    first = work / "first"
+    init = _kvdrill(installed, "init", str(first))
+    assert init.returncode == 0, init.stderr
+    assert sorted(p.name for p in first.iterdir()) == ["first-drill.yaml", "my-stack.yaml"]
+    ok = _kvdrill(installed, "validate", str(first / "first-drill.yaml"))
+    assert ok.returncode == 0 and "ok (verify-stack: no faults)" in ok.stdout, ok.stdout + ok.stderr
+    again = _kvdrill(installed, "init", str(first))
+    assert again.returncode == 2 and "already exist" in again.stderr
+    shutil.rmtree(first)
+
+
+def test_setup_and_the_flagship_drill_run_from_the_wheel(installed):
+    _, work, _ = installed
+    setup = _kvdrill(installed, "setup", timeout=1800)
+    said = setup.stdout + setup.stderr
+    assert setup.returncode == 0 and "stack venv up to date" in said and "model up to date" in said, said
+    proc = _kvdrill(installed, "run", FLAGSHIP, timeout=900)
+    # the flagship's expectation (a FAIL at a high hit rate) held: exit 0
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    [run_dir] = [p for p in (work / "reports").iterdir() if p.is_dir()]
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["verdict"] == "fail" and (run_dir / "report.md").exists()
+    # the versions manifest compares what ran with the pins the wheel carries
+    versions = json.loads((run_dir / "versions.json").read_text())
+    assert versions["components"]["lmcache"] == versions["pinned"]["lmcache"], versions
