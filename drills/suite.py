@@ -181,7 +181,10 @@ async def run_suite(entries: list[SuiteEntry], reports_dir: Path, *, fail_fast: 
 
 
 def junit_xml(outcome: SuiteOutcome) -> str:
-    """One testcase per scenario; a drill's per-check detail stays in its own run's junit.xml."""
+    """One testcase per drill, for JUnit viewers (Jenkins, GitLab, GitHub test reporters): the message is the
+    line a reviewer acts on (the expectation that did not hold, or the verdict and reason); the text lists
+    each failing check with its evidence references and the run's files, so the viewer points at the
+    evidence without opening the run. A drill's per-check cases stay in its own run's junit.xml."""
     entries = outcome.entries
     root = ET.Element("testsuites", name="kvdrill")
     suite = ET.SubElement(root, "testsuite", name=f"kvdrill.suite.{outcome.suite_dir.name}", tests=str(len(entries)),
@@ -192,10 +195,21 @@ def junit_xml(outcome: SuiteOutcome) -> str:
     for text in outcome.invalid:
         case = ET.SubElement(suite, "testcase", classname="kvdrill.validate", name=text.splitlines()[0][:200])
         ET.SubElement(case, "error", message="invalid scenario").text = text
+    # viewers key a case by classname and name: two scenarios of one name (a control and the drill it
+    # copies) would show as one, so a repeated name carries its file's stem
+    names = [e.loaded.scenario.name for e in entries]
     for e in entries:
-        case = ET.SubElement(suite, "testcase", classname=f"kvdrill.{e.path.parent.name}",
-                             name=e.loaded.scenario.name, time=f"{e.took_s:.1f}")
-        detail = f"{e.verdict}: {e.reason}\nexpectation: {json.dumps(e.expectation)}\nrun: {e.run_dir}"
+        name = e.loaded.scenario.name
+        if names.count(name) > 1:
+            name = f"{name} ({e.variant.name if e.variant is not None else e.path.stem})"
+        case = ET.SubElement(suite, "testcase", classname=f"kvdrill.{e.path.parent.name}", name=name,
+                             file=str(e.path), time=f"{e.took_s:.1f}")
+        if e.run_dir is not None:
+            props = ET.SubElement(case, "properties")
+            for key, value in (("verdict", e.verdict), ("run_dir", str(e.run_dir)),
+                               ("report", str(e.run_dir / "report.md"))):
+                ET.SubElement(props, "property", name=key, value=value)
+        detail = _junit_detail(e)
         if e.exit_code is None:
             ET.SubElement(case, "skipped", message=f"not run ({e.reason or 'the suite stopped before it'})"[:500])
         elif e.exit_code == 1:
@@ -205,6 +219,38 @@ def junit_xml(outcome: SuiteOutcome) -> str:
         else:
             ET.SubElement(case, "system-out").text = detail
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _junit_detail(e: SuiteEntry) -> str:
+    """The verdict, the expectation, every failing or erroring check with up to 5 evidence references
+    (``journal.jsonl#LINE`` and what it is), and the run's files."""
+    lines = [f"{e.verdict}: {e.reason}", f"expectation: {json.dumps(e.expectation)}"]
+    checks = _run_checks(e.run_dir)
+    for c in checks:
+        if c.get("verdict") not in ("fail", "error"):
+            continue
+        lines.append(f"check {c.get('name')}: {c.get('verdict')}: {c.get('summary', '')}")
+        for ev in (c.get("evidence") or [])[:5]:
+            if isinstance(ev, dict):
+                what = ", ".join(f"{k}={ev[k]}" for k in ("request_id", "first_diff_token", "fault_id", "service")
+                                 if ev.get(k) is not None)
+                lines.append(f"  evidence {ev.get('ref') or ev.get('kind', '?')}" + (f" ({what})" if what else ""))
+    if e.run_dir is not None:
+        lines += [f"run: {e.run_dir}", f"report: {e.run_dir / 'report.md'}",
+                  f"journal: {e.run_dir / 'journal.jsonl'}", f"verdict: {e.run_dir / 'verdict.json'}"]
+    return "\n".join(lines)
+
+
+def _run_checks(run_dir: Path | None) -> list[dict[str, Any]]:
+    """The checks of the run's verdict.json; none when the run wrote none (it ended before its checks)."""
+    if run_dir is None:
+        return []
+    try:
+        doc = json.loads((run_dir / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return []
+    checks = doc.get("checks") if isinstance(doc, dict) else None
+    return [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
 
 
 def _expectation_line(e: SuiteEntry) -> str:

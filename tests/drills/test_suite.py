@@ -3,6 +3,7 @@ what index.md and junit.xml say about drills that ran, failed, errored or never 
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -127,3 +128,31 @@ def test_a_stack_that_loaded_damaged_kv_is_repaired_before_the_next_drill(tmp_pa
     r.journal.append("fault.verified", fault_id="f2-kv_corrupt", effective=True)
     assert "f2-kv_corrupt made the engine load damaged KV" in r._loaded_damaged_kv()
     r.journal.close()
+
+
+def test_junit_names_each_drill_once_and_points_at_the_failing_checks_evidence(tmp_path):
+    held = _entry(tmp_path, "flagship", "fail", 0)
+    held.run_dir.mkdir()
+    (held.run_dir / "verdict.json").write_text(json.dumps({"checks": [
+        {"name": "correctness", "verdict": "fail", "summary": "4/12 responses differ",
+         "evidence": [{"kind": "response", "ref": "journal.jsonl#68", "request_id": "chaos-w1-p0-engine",
+                       "first_diff_token": 1}]},
+        {"name": "leaks", "verdict": "pass", "summary": "none", "evidence": []}]}))
+    twin_dir = tmp_path / "twin"
+    twin_dir.mkdir()
+    [twin], _ = load_all([scenario(twin_dir, "flagship")])  # the same scenario name in another file
+    twin.verdict, twin.exit_code, twin.reason, twin.run_dir = "error", 2, "no stack", tmp_path / "nowhere"
+    missed = _entry(tmp_path, "missed", "pass", 1, ["verdict pass, expected fail"])
+    suite = ET.fromstring(junit_xml(SuiteOutcome(suite_dir=tmp_path / "s", entries=[held, twin, missed])))
+    cases = list(suite.iter("testcase"))
+    assert len({(c.get("classname"), c.get("name")) for c in cases}) == 3
+    first = cases[0]
+    assert first.get("file") == str(held.path)
+    out = first.find("system-out").text
+    assert "check correctness: fail: 4/12 responses differ" in out
+    assert "evidence journal.jsonl#68 (request_id=chaos-w1-p0-engine, first_diff_token=1)" in out
+    assert f"report: {held.run_dir / 'report.md'}" in out and "check leaks" not in out
+    props = {p.get("name"): p.get("value") for p in first.iter("property")}
+    assert props == {"verdict": "fail", "run_dir": str(held.run_dir), "report": str(held.run_dir / "report.md")}
+    assert cases[1].find("error").get("message") == "error: no stack"  # no verdict.json: still a case
+    assert cases[2].find("failure").get("message") == "verdict pass, expected fail"
