@@ -1,0 +1,37 @@
+"""The pytest plugin against the real sandbox: a user's test file, run by pytest in its own process with
+``--kvdrill-stack``, runs the flagship through the ``drill`` fixture; its assertion that the cache keeps
+answers right fails, and pytest's failure report carries a kvdrill section with the verdict line, the first differing token with
+both texts, and the report's path (the run directory is real, with its verdict)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+USER_TEST = '''
+def test_cache_keeps_answers_right_when_a_chunk_is_zeroed(drill):
+    verdict = drill.run("flagship/hit-rate-is-not-correctness")
+    assert verdict.passed
+'''
+
+
+def test_a_users_pytest_runs_the_flagship_and_its_failure_shows_the_first_differing_token(tmp_path):
+    (tmp_path / "test_my_cache.py").write_text(USER_TEST)
+    reports = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
+                           "--kvdrill-stack", "sandbox", "--kvdrill-reports-dir", str(reports), "test_my_cache.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "1 failed" in out, out[-4000:]
+    assert "kvdrill: the drills this test ran" in out, out[-4000:]
+    assert "kvdrill FAIL: correctness:" in out and "first differing token at index" in out, out[-4000:]
+    assert "expected: '" in out and "got:      '" in out
+    [run_dir] = [p for p in reports.iterdir() if p.is_dir()]
+    assert f"report: {run_dir / 'report.md'}" in out
+    doc = json.loads((run_dir / "verdict.json").read_text())
+    assert doc["verdict"] == "fail" and doc["expectation"]["held"]  # kvdrill's own expectation held
