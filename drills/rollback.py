@@ -470,12 +470,18 @@ def _vet_remote_container(rec: dict[str, Any], state: RunState) -> str | None:
     if not isinstance(rec.get("container_id"), str):
         return "container record without a container id"
     if rec.get("action") == "start":
-        try:
-            url = urlsplit(str(rec.get("health_url")))
-            if url.scheme not in ("http", "https") or url.username or url.hostname != want["ssh"].get("address"):
-                return f"health url {rec.get('health_url')!r} is not plain http to the declared host"
-        except ValueError as exc:
-            return f"health url {rec.get('health_url')!r}: {exc}"
+        return _vet_health_url(rec, want["ssh"].get("address"))
+    return None
+
+
+def _vet_health_url(rec: dict[str, Any], address: str | None) -> str | None:
+    """A start waits on its health url: it must be plain http(s) to the declared machine, no credentials."""
+    try:
+        url = urlsplit(str(rec.get("health_url")))
+        if url.scheme not in ("http", "https") or url.username or url.hostname != address:
+            return f"health url {rec.get('health_url')!r} is not plain http to the declared host"
+    except ValueError as exc:
+        return f"health url {rec.get('health_url')!r}: {exc}"
     return None
 
 
@@ -491,13 +497,8 @@ def _vet_remote(rec: dict[str, Any], state: RunState) -> str | None:
         if want.get("start") != rec.get("start") or want.get("pidfile") != rec.get("pidfile"):
             return ("the start command is not the one the run's stack file (as it is on disk, owned by you and "
                     "writable by no one else) declares for this service: not run")
-        try:
-            url = urlsplit(str(rec.get("health_url")))
-            if url.scheme not in ("http", "https") or url.username or url.hostname != want["ssh"].get("address"):
-                return f"health url {rec.get('health_url')!r} is not plain http to the declared host"
-        except ValueError as exc:
-            return f"health url {rec.get('health_url')!r}: {exc}"
-    elif rec.get("action") == "cont" and _pid(rec.get("pgid")) is None:
+        return _vet_health_url(rec, want["ssh"].get("address"))
+    if rec.get("action") == "cont" and _pid(rec.get("pgid")) is None:
         return f"pgid {str(rec.get('pgid'))[:60]!r} is not a process id"
     return None
 

@@ -403,18 +403,10 @@ def test_a_container_the_stack_file_on_disk_does_not_declare_is_not_started(tmp_
 
 @pytest.mark.parametrize("forged", ["another host", "another start"])
 def test_a_service_on_an_ssh_host_is_contacted_only_as_the_stack_file_on_disk_declares_it(tmp_path, forged):
-    from drills.stack.stackfile import load_stack_file
-
-    stack = tmp_path / "stack.yaml"
-    stack.write_text("name: t\nserved_model: m\n"
-                     "hosts: {box: {address: 10.253.9.2, user: drill, known_hosts: /etc/kvd/known_hosts}}\n"
-                     "services:\n  engine:\n    url: http://10.253.9.2:8000\n"
-                     "    control: {host: box, pidfile: /srv/engine.pid, cmdline: [vllm, serve],\n"
-                     "              start: {argv: [vllm, serve]}}\n"
-                     "  lmcache: {url: 'http://10.253.9.2:9'}\n")
-    stack.chmod(0o644)
-    f = load_stack_file(stack)
-    declared_host = f.hosts["box"].model_dump(mode="json")
+    stack, f, declared_host = _stack_on_box(tmp_path, "  engine:\n    url: http://10.253.9.2:8000\n"
+                                            "    control: {host: box, pidfile: /srv/engine.pid, cmdline: [vllm, serve],\n"
+                                            "              start: {argv: [vllm, serve]}}\n"
+                                            "  lmcache: {url: 'http://10.253.9.2:9'}\n")
     record = {"action": "start", "service": "engine", "pgid": 4242, "argv": ["vllm", "serve"], "attached": True,
               "ssh": declared_host, "health_url": "http://10.253.9.2:8000/health", "pidfile": "/srv/engine.pid",
               "start": f.services["engine"].control.start.model_dump(mode="json")}
@@ -422,31 +414,43 @@ def test_a_service_on_an_ssh_host_is_contacted_only_as_the_stack_file_on_disk_de
         record["ssh"] = {**declared_host, "address": "10.253.9.66"}
     else:
         record["start"] = {**record["start"], "argv": ["sh", "-c", "rm -rf /srv"]}
+    report = _rolled_back_attached(tmp_path, stack, f, record)
+    assert not report.ok and not report.of("undone")
+    assert any("the run's stack file" in i.what for i in report.of("failed")), report.items
+
+
+def _stack_on_box(tmp_path, services: str):
+    """A stack file (0644, as rollback requires) whose services are on the machine ``box`` (10.253.9.2):
+    (its path, the loaded file, box's declaration as the journal records it)."""
+    from drills.stack.stackfile import load_stack_file
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\n"
+                     "hosts: {box: {address: 10.253.9.2, user: drill, known_hosts: /etc/kvd/known_hosts}}\n"
+                     "services:\n" + services)
+    stack.chmod(0o644)
+    f = load_stack_file(stack)
+    return stack, f, f.hosts["box"].model_dump(mode="json")
+
+
+def _rolled_back_attached(tmp_path, stack, f, record):
+    """Rollback of a run on the attached ``stack`` whose one fault left ``record`` as its undo; refused before any
+    connection (no sshd listens on 10.253.9.x)."""
     run = tmp_path / "run"
     j = _run_journal(run)
     j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=f.model_dump(mode="json"))
     j.append("fault.undo", fault_id="f0-process", injector="process", undo=record)
     j.close()
-    report = rb.rollback(run, grace=1.0)  # refused before any connection: no sshd listens on 10.253.9.x
-    assert not report.ok and not report.of("undone")
-    assert any("the run's stack file" in i.what for i in report.of("failed")), report.items
+    return rb.rollback(run, grace=1.0)
 
 
 @pytest.mark.parametrize("forged", ["another host", "another engine", "another container", "no host"])
 @pytest.mark.parametrize("action", ["start", "cont"])
 def test_a_container_on_an_ssh_engine_is_contacted_only_as_the_stack_file_on_disk_declares_it(tmp_path, forged,
                                                                                               action):
-    from drills.stack.stackfile import load_stack_file
-
-    stack = tmp_path / "stack.yaml"
-    stack.write_text("name: t\nserved_model: m\n"
-                     "hosts: {box: {address: 10.253.9.2, user: drill, known_hosts: /etc/kvd/known_hosts}}\n"
-                     "services:\n  engine: {url: 'http://10.253.9.2:8000'}\n"
-                     "  lmcache:\n    url: http://10.253.9.2:9\n"
-                     "    container: {name: lm-1, docker_host: 'ssh://drill@10.253.9.2'}\n")
-    stack.chmod(0o644)
-    f = load_stack_file(stack)
-    declared_host = f.hosts["box"].model_dump(mode="json")
+    stack, f, declared_host = _stack_on_box(tmp_path, "  engine: {url: 'http://10.253.9.2:8000'}\n"
+                                            "  lmcache:\n    url: http://10.253.9.2:9\n"
+                                            "    container: {name: lm-1, docker_host: 'ssh://drill@10.253.9.2'}\n")
     record = {"action": action, "service": "lmcache", "pgid": 4242, "attached": True, "container": "lm-1",
               "container_id": "0123456789ab", "docker_host": "ssh://drill@10.253.9.2", "ssh": declared_host,
               "health_url": "http://10.253.9.2:9/healthcheck"}
@@ -458,12 +462,7 @@ def test_a_container_on_an_ssh_engine_is_contacted_only_as_the_stack_file_on_dis
         record["container"] = "someone_elses_db_1"
     else:
         del record["ssh"]
-    run = tmp_path / "run"
-    j = _run_journal(run)
-    j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=f.model_dump(mode="json"))
-    j.append("fault.undo", fault_id="f0-process", injector="process", undo=record)
-    j.close()
-    report = rb.rollback(run, grace=1.0)  # refused before any connection: no sshd listens on 10.253.9.x
+    report = _rolled_back_attached(tmp_path, stack, f, record)
     assert not report.ok and not report.of("undone")
     assert any("its SSH host is not the one the run's stack file" in i.what for i in report.of("failed")), report.items
 

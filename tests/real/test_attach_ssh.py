@@ -259,15 +259,20 @@ def test_a_kvdrill_killed_while_the_remote_engine_is_frozen_is_rolled_back_over_
         "checks: {leaks: {lmcache_status: false}}\n")
     pid = int((d / "engine.pid").read_text())
     run_dir = _killed_once_verified(stack_file, scenario, "freeze", there)  # the engine frozen on the other machine
-    states = _group_states(ssh_host, pid)
-    assert states and all(s.startswith("T") for s in states), states
+    _thawed_by_rollback(run_dir, lambda: _group_states(ssh_host, pid), f"SIGCONT to engine group {pid} on {there}")
+    assert _healthy(urls["engine"] + "/health")
+
+
+def _thawed_by_rollback(run_dir: Path, states, says: str) -> None:
+    """The processes ``states()`` reads (on the other machine) are frozen; `kvdrill rollback` thaws them all
+    and journals ``says`` among what it undid."""
+    frozen = states()
+    assert frozen and all(s.startswith("T") for s in frozen), frozen
     rb = run_kvdrill(["rollback", str(run_dir)], timeout=300)
     assert rb.returncode == 0, rb.stdout + rb.stderr
-    states = _group_states(ssh_host, pid)
-    assert states and not any(s.startswith("T") for s in states), states
-    assert any(f"SIGCONT to engine group {pid} on {there}" in e["data"]["what"]
-               for e in _events(run_dir, "rollback.undone")), rb.stdout
-    assert _healthy(urls["engine"] + "/health")
+    after = states()
+    assert after and not any(s.startswith("T") for s in after), after
+    assert any(says in e["data"]["what"] for e in _events(run_dir, "rollback.undone")), rb.stdout
 
 
 def _killed_once_verified(stack_file: Path, scenario: Path, name: str, there: str) -> Path:
@@ -347,14 +352,8 @@ def test_a_kvdrill_killed_while_the_remote_cache_container_is_frozen_is_rolled_b
     container = ssh_host["engine"].containers.get(LMCACHE_CONTAINER)
     run_dir = _killed_once_verified(stack_file, scenario, "freeze-lmcache", there)
     pids = {int(row[0]) for row in container.top(ps_args="-o pid")["Processes"]}
-    states = _states_of(ssh_host, pids)
-    assert states and all(s.startswith("T") for s in states), states
-    rb = run_kvdrill(["rollback", str(run_dir)], timeout=300)
-    assert rb.returncode == 0, rb.stdout + rb.stderr
-    states = _states_of(ssh_host, pids)
-    assert states and not any(s.startswith("T") for s in states), states
-    assert any(f"SIGCONT to lmcache container {LMCACHE_CONTAINER} on {there}" in e["data"]["what"]
-               for e in _events(run_dir, "rollback.undone")), rb.stdout
+    _thawed_by_rollback(run_dir, lambda: _states_of(ssh_host, pids),
+                        f"SIGCONT to lmcache container {LMCACHE_CONTAINER} on {there}")
     assert _healthy(urls["lmcache"] + "/healthcheck")
 
 
