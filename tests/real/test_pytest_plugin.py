@@ -1,13 +1,14 @@
-"""The pytest plugin against the real sandbox: a user's test file, run by pytest in its own process with
-``--kvdrill-stack``, runs the flagship through the ``drill`` fixture; its assertion that the cache keeps
-answers right fails, and pytest's failure report carries a kvdrill section with the verdict line, the first differing token with
-both texts, and the report's path (the run directory is real, with its verdict)."""
+"""The pytest plugin as a user gets it: pytest installed beside the kvdrill wheel in a fresh venv
+(conftest's ``installed_wheel``), a user's test file in an empty directory, run with ``--kvdrill-stack``
+against the sandbox. The test runs the flagship through the ``drill`` fixture and asserts the cache kept
+the answers right; that fails, and pytest's failure report carries a kvdrill section with the verdict
+line, the first differing token with both texts, and the report's path (the run directory is real, with
+its verdict)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -20,12 +21,16 @@ def test_cache_keeps_answers_right_when_a_chunk_is_zeroed(drill):
 '''
 
 
-def test_a_users_pytest_runs_the_flagship_and_its_failure_shows_the_first_differing_token(tmp_path):
+def test_a_users_pytest_runs_the_flagship_and_its_failure_shows_the_first_differing_token(installed_wheel, tmp_path):
+    kvdrill, _, env = installed_wheel
+    python = kvdrill.parent / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "pytest>=8"],
+                   check=True, capture_output=True, timeout=600, env=env)
     (tmp_path / "test_my_cache.py").write_text(USER_TEST)
     reports = tmp_path / "reports"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
-                           "--kvdrill-stack", "sandbox", "--kvdrill-reports-dir", str(reports), "test_my_cache.py"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "--kvdrill-stack", "sandbox",
+                           "--kvdrill-reports-dir", str(reports), "test_my_cache.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "1 failed" in out, out[-4000:]
     assert "kvdrill: the drills this test ran" in out, out[-4000:]

@@ -13,48 +13,20 @@ first scenario that validate.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from .conftest import REPO
 
 pytestmark = pytest.mark.real
 
 FLAGSHIP = "flagship/hit-rate-is-not-correctness"
 
 
-def _tracked_tree(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, check=True,
-                           capture_output=True).stdout.split(b"\0")
-    for rel in (f.decode() for f in files if f):
-        src = REPO / rel
-        if src.is_file():  # a file deleted in the work tree but not yet in git's index is no part of it
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(the venv's kvdrill, an empty working directory, the environment to run it in)."""
-    d = tmp_path_factory.mktemp("wheel")
-    src, dist, venv, work = d / "src", d / "dist", d / "venv", d / "work"
-    _tracked_tree(src)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
-                   check=True, capture_output=True, timeout=600)
-    [wheel] = dist.glob("kvdrill-*.whl")
-    base = shutil.which("python3") or sys.executable
-    subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
-                   check=True, capture_output=True, timeout=900)
-    work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
-    return venv / "bin" / "kvdrill", work, env
+def installed(installed_wheel):
+    return installed_wheel
 
 
 def _kvdrill(installed, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
