@@ -123,7 +123,7 @@ def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
             return "attached by pid and command line: " + " ".join(
                 Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3]))
         if s.container is not None:
-            return f"attached container {s.container.name} ({s.container.docker_host})"
+            return f"attached container {s.container.describe} ({s.container.docker_host})"
         return "attached by URL only"
 
     services = {n: {"netns": False, "program": program(s)} for n, s in f.services.items()}

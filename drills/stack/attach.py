@@ -163,8 +163,9 @@ class AttachedContainer(RunningContainer):
     declared: ContainerControl | None = None
 
     def undo_target(self) -> dict[str, Any]:
+        found_by = {"labels": dict(self.declared.labels)} if self.declared is not None and self.declared.labels else {}
         return {**super().undo_target(), "attached": True, "container": self.container.name,
-                "health_url": self.spec.health_url}
+                "health_url": self.spec.health_url, **found_by}
 
 
 @dataclass
@@ -273,7 +274,16 @@ def find_container(declared: ContainerControl, host: SshHost | None = None):
     import docker
 
     try:
-        container = docker_client(declared, host).containers.get(declared.name)
+        client = docker_client(declared, host)
+        if declared.name is not None:
+            container = client.containers.get(declared.name)
+        else:  # running or stopped: a killed one is found again to be started
+            found = client.containers.list(all=True, filters={"label": [f"{k}={v}" for k, v in declared.labels.items()]})
+            if len(found) != 1:
+                raise StackError(f"{declared.describe} match {len(found)} containers on {declared.docker_host}"
+                                 + (f" ({', '.join(sorted(c.name for c in found))}); add a label that tells them apart, "
+                                    "or give the name" if found else "") )
+            container = found[0]
     except docker.errors.NotFound as exc:
         raise StackError(f"no container {declared.name!r} on {declared.docker_host}") from exc
     except docker.errors.DockerException as exc:
@@ -375,7 +385,8 @@ class AttachDriver(ServiceDriver):
         container = find_container(declared, host)
         state = container.attrs.get("State", {})
         if not state.get("Running"):
-            raise StackError(f"{name}: container {declared.name} is {state.get('Status', 'not running')}")
+            raise StackError(f"{name}: container {container.name} ({declared.describe}) is "
+                             f"{state.get('Status', 'not running')}")
         pid = int(state["Pid"])
         spec = ServiceSpec(name=name, argv=[*(container.attrs["Config"].get("Cmd") or [])], env={},
                            health_url=health_url, startup_deadline=300.0)

@@ -115,15 +115,16 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
                 seen["control"] = "pid and cmdline" + (", start command" if svc.control.start else ", no start command")
             elif svc.container is not None:
                 engine = stack.engine_host(svc.container)
-                seen["control"] = (f"container {svc.container.name} on {svc.container.docker_host}"
+                seen["control"] = (f"container {svc.container.describe} on {svc.container.docker_host}"
                                    + (" over SSH (docker system dial-stdio there)" if engine else "") + " (docker start)")
                 try:
                     container = find_container(svc.container, engine)
                     state = container.attrs.get("State", {})
-                    seen |= {"container_id": container.id[:12], "image": container.attrs["Config"]["Image"],
+                    seen |= {"container": container.name, "container_id": container.id[:12],
+                             "image": container.attrs["Config"]["Image"],
                              "container_state": state.get("Status"), "pid": state.get("Pid")}
                     if not state.get("Running"):
-                        result.problems.append(f"{name}: container {svc.container.name} is {state.get('Status')}")
+                        result.problems.append(f"{name}: container {container.name} is {state.get('Status')}")
                 except StackError as exc:
                     result.problems.append(f"{name}: {exc}")
             else:

@@ -86,8 +86,12 @@ class ContainerControl(_Strict):
     """A container on a Docker engine that kvdrill may signal, freeze, stop and start again (its runtime is
     its supervisor: ``docker start`` is how a killed one comes back, so no start command is needed)."""
 
-    name: str = Field(description="the container's name, as `docker ps` shows it (compose: <project>-<service>-1 "
-                                  "or <project>_<service>_1)")
+    name: str | None = Field(None, description="the container's name, as `docker ps` shows it (compose: "
+                                               "<project>-<service>-1 or <project>_<service>_1); or labels:")
+    labels: dict[str, str] = Field(default_factory=dict, description=(
+        "labels that exactly one container on the engine carries (running or stopped), e.g. compose's "
+        "{com.docker.compose.project: staging, com.docker.compose.service: lmcache}, whose names differ between "
+        "compose versions; none or several matching is refused"))
     docker_host: str = Field(default_factory=lambda: _docker_host_from_env(), validate_default=True,
                              description="the engine that runs it: a unix:// socket on this host (default: "
                                          "$DOCKER_HOST, as the docker CLI reads it, else "
@@ -109,6 +113,24 @@ class ContainerControl(_Strict):
         raise ValueError("expected unix:///path (an engine on this host) or ssh://USER@ADDRESS[:PORT] (one on a "
                          "machine under hosts:); a tcp:// engine is not supported: its containers' processes "
                          "could be neither read nor signalled, so no fault on them could prove itself")
+
+    @model_validator(mode="after")
+    def _one_way_to_find_it(self) -> ContainerControl:
+        if (self.name is None) == (not self.labels):
+            raise ValueError("give exactly one of name: or labels:")
+        return self
+
+    @property
+    def describe(self) -> str:
+        """How it is found, for messages: ``lmcache-1`` or ``labels a=b, c=d``."""
+        return self.name if self.name is not None else "labels " + ", ".join(f"{k}={v}" for k, v in self.labels.items())
+
+    def matches(self, container_name: str, container_labels: dict[str, str] | None) -> bool:
+        """The container of this name, or one that carries every declared label with its value."""
+        if self.name is not None:
+            return container_name == self.name
+        have = container_labels or {}
+        return all(have.get(k) == v for k, v in self.labels.items())
 
     @property
     def socket(self) -> Path:

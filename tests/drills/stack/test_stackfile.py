@@ -244,3 +244,19 @@ def test_relative_l2_and_token_paths_are_the_stack_files_and_docker_host_default
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.1:2375")  # refused like a written one
     with pytest.raises(StackFileError, match="a tcp:// engine is not supported"):
         load_stack_file(tmp_path / "gpu" / "stack.yaml")
+
+
+def test_a_container_is_found_by_name_or_by_labels_never_both_or_neither(tmp_path):
+    base = "name: t\nserved_model: m\nservices:\n  lmcache: {url: 'http://127.0.0.1:9'}\n  engine:\n" \
+           "    url: http://127.0.0.1:8000\n"
+    f = load_stack_file(_write(tmp_path, base + "    container: {labels: {com.docker.compose.project: staging, "
+                                                 "com.docker.compose.service: engine}}\n"))
+    c = f.services["engine"].container
+    assert c.describe == "labels com.docker.compose.project=staging, com.docker.compose.service=engine"
+    assert c.matches("staging-engine-1", {"com.docker.compose.project": "staging",
+                                          "com.docker.compose.service": "engine", "extra": "x"})
+    assert not c.matches("staging-engine-1", {"com.docker.compose.project": "staging"})
+    for bad in ("    container: {name: e1, labels: {a: b}}\n", "    container: {docker_host: 'unix:///run/d.sock'}\n"):
+        with pytest.raises(StackFileError) as exc:
+            load_stack_file(_write(tmp_path, base + bad))
+        assert "give exactly one of name: or labels:" in str(exc.value) and "stack.yaml:7:" in str(exc.value)
