@@ -427,7 +427,7 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
         want = state.attached_starts.get(str(rec.get("service")))
         if rec.get("container_id"):  # `docker start` of the declared container on the declared engine
             declared = (want or {}).get("container") or {}
-            if declared.get("name") != rec.get("container") or declared.get("docker_host") != rec.get("docker_host"):
+            if not _same_container(declared, rec) or declared.get("docker_host") != rec.get("docker_host"):
                 return ("the container is not the one the run's stack file (as it is on disk, owned by you and "
                         "writable by no one else) declares for this service: not started")
             return _loopback_url(rec.get("health_url"))
@@ -456,13 +456,21 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
     return f"group {pgid} is not one the run started (its leader carries no KVDRILL_RUN tag of this run)"
 
 
+def _same_container(declared: dict[str, Any], rec: dict[str, Any]) -> bool:
+    """The record is of the container the stack file declares: by its name, or by the same labels (the undo
+    then checks the container of the recorded id still carries them)."""
+    if declared.get("labels"):
+        return rec.get("labels") == declared["labels"]
+    return declared.get("name") is not None and declared.get("name") == rec.get("container")
+
+
 def _vet_remote_container(rec: dict[str, Any], state: RunState) -> str | None:
     """A container on another machine's engine (``ssh://``): the container, its engine and the machine (address,
     port, account, key files) must be the ones the run's stack file on disk declares for that service, so
     rollback reaches no engine and no host the user did not name."""
     want = state.attached_starts.get(str(rec.get("service"))) or {}
     declared = want.get("container") or {}
-    if (not rec.get("attached") or declared.get("name") != rec.get("container")
+    if (not rec.get("attached") or not _same_container(declared, rec)
             or declared.get("docker_host") != rec.get("docker_host") or want.get("ssh") is None
             or want["ssh"] != rec.get("ssh")):
         return ("the container, its engine or its SSH host is not the one the run's stack file (as it is on disk, "

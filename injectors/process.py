@@ -230,9 +230,9 @@ def _start_attached_container(record: dict[str, Any], report: HealReport) -> Hea
     try:
         container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"]),
                                   _ssh_host(record)).containers.get(record["container_id"])
-        if container.name != record.get("container"):
-            report.failed.append(f"{service}: container {record['container_id'][:12]} is now {container.name!r}, not "
-                                 f"the declared {record.get('container')!r}; not started")
+        changed = _not_as_declared(container, record)
+        if changed:
+            report.failed.append(f"{service}: container {record['container_id'][:12]} {changed}; not started")
             return report
         if not container.attrs.get("State", {}).get("Running"):
             container.start()
@@ -298,6 +298,19 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
     (report.undone if stopped else report.already_healed).append(
         f"SIGCONT to {service} container {container.name}{where} ({len(stopped)} stopped process(es))")
     return report
+
+
+def _not_as_declared(container, record: dict[str, Any]) -> str | None:
+    """Why the container of the record's id is no longer the declared one (renamed, or relabelled where the
+    stack file finds it by labels); None when it still is."""
+    labels = record.get("labels")
+    if isinstance(labels, dict) and labels:
+        have = container.labels or {}
+        lost = {k: v for k, v in labels.items() if have.get(k) != v}
+        return f"no longer carries the declared labels {lost}" if lost else None
+    if container.name != record.get("container"):
+        return f"is now {container.name!r}, not the declared {record.get('container')!r}"
+    return None
 
 
 def _ssh_host(record: dict[str, Any]):

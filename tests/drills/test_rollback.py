@@ -380,12 +380,19 @@ def test_a_start_command_the_stack_file_on_disk_does_not_vouch_for_is_not_run(tm
     assert not pidfile.exists()  # nothing was started, no pidfile written
 
 
-def test_a_container_the_stack_file_on_disk_does_not_declare_is_not_started(tmp_path):
+@pytest.mark.parametrize(("declared", "recorded"), [
+    ("{name: proj_engine_1}", {"container": "someone_elses_db_1"}),
+    # found by labels: the record must carry the declared labels, not just a name that matched once
+    ("{labels: {com.docker.compose.project: proj, com.docker.compose.service: engine}}",
+     {"container": "proj-engine-1", "labels": {"com.docker.compose.project": "other", "com.docker.compose.service": "engine"}}),
+    ("{labels: {com.docker.compose.project: proj}}", {"container": "proj-engine-1"}),
+])
+def test_a_container_the_stack_file_on_disk_does_not_declare_is_not_started(tmp_path, declared, recorded):
     from drills.stack.stackfile import load_stack_file
 
     stack = tmp_path / "stack.yaml"
     stack.write_text("name: t\nserved_model: m\nservices:\n"
-                     "  engine: {url: 'http://127.0.0.1:8000', container: {name: proj_engine_1}}\n"
+                     f"  engine: {{url: 'http://127.0.0.1:8000', container: {declared}}}\n"
                      "  lmcache: {url: 'http://127.0.0.1:9'}\n")
     stack.chmod(0o644)
     run = tmp_path / "run"
@@ -393,7 +400,7 @@ def test_a_container_the_stack_file_on_disk_does_not_declare_is_not_started(tmp_
     j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=load_stack_file(stack).model_dump(mode="json"))
     j.append("fault.undo", fault_id="f0-process", injector="process",
              undo={"action": "start", "service": "engine", "pgid": 4242, "argv": [], "attached": True,
-                   "container_id": "0123456789ab", "container": "someone_elses_db_1",
+                   "container_id": "0123456789ab", **recorded,
                    "docker_host": "unix:///var/run/docker.sock", "health_url": "http://127.0.0.1:8000/health"})
     j.close()
     report = rb.rollback(run, grace=1.0)

@@ -204,3 +204,19 @@ def test_undo_never_calls_a_still_frozen_group_healed():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_recorded_container_is_started_again_only_while_it_is_still_the_declared_one():
+    from types import SimpleNamespace
+
+    from injectors.process import _not_as_declared
+
+    labels = {"com.docker.compose.project": "staging", "com.docker.compose.service": "lmcache"}
+    by_labels = {"container": "staging-lmcache-1", "labels": labels}
+    assert _not_as_declared(SimpleNamespace(name="renamed", labels={**labels, "x": "y"}), by_labels) is None
+    said = _not_as_declared(SimpleNamespace(name="staging-lmcache-1", labels={**labels,
+                                            "com.docker.compose.project": "prod"}), by_labels)
+    assert said == "no longer carries the declared labels {'com.docker.compose.project': 'staging'}"
+    by_name = {"container": "staging-lmcache-1"}
+    assert _not_as_declared(SimpleNamespace(name="staging-lmcache-1", labels={}), by_name) is None
+    assert "is now 'db'" in _not_as_declared(SimpleNamespace(name="db", labels={}), by_name)
