@@ -12,7 +12,8 @@ is undone by `kvdrill rollback` over SSH.
 
 The other machine also runs its own Docker engine (a second dockerd in the namespace, its socket handed
 to every SSH session as DOCKER_HOST), and the user's launcher runs the LMCache server there as a container.
-The stack file names that engine ``ssh://root@ADDRESS``: the container is found, signalled (its processes
+The stack file names that engine ``ssh://root@ADDRESS`` and finds the container by the labels the launcher
+gave it (not its name): the container is found, signalled (its processes
 read in that machine's process table) and started again with `docker start` through it, and a kvdrill
 SIGKILLed while it is frozen is undone by `kvdrill rollback` through the same engine.
 """
@@ -57,6 +58,7 @@ pytestmark = pytest.mark.real
 
 SSHD = Path("/usr/sbin/sshd")
 LMCACHE_CONTAINER = "user-lmcache-1"
+LMCACHE_LABELS = {"org.example.stack": "user-stack", "org.example.service": "lmcache"}  # start.sh's
 
 
 def _sh(*argv: str) -> None:
@@ -171,10 +173,10 @@ def remote_stack(ssh_host, tmp_path_factory):
                                 "control": {"host": "box", "pidfile": str(d / "engine.pid"), "cmdline": cmdline,
                                             "start": {"argv": engine, "env": engine_env,
                                                       "log": str(d / "logs" / "engine.log")}}},
-                     # a container on that machine's Docker engine, reached over SSH; without its L2: chunk
-                     # files on another machine are not reachable yet
+                     # a container on that machine's Docker engine, reached over SSH and found by the labels
+                     # the launcher gave it; without its L2: chunk files on another machine are not reachable yet
                      "lmcache": {"url": urls["lmcache"], "chunk_size": 256,
-                                 "container": {"name": LMCACHE_CONTAINER, "docker_host": f"ssh://root@{there}"}}}}
+                                 "container": {"labels": LMCACHE_LABELS, "docker_host": f"ssh://root@{there}"}}}}
         path = d / "stack.yaml"
         with path.open("w") as fh:
             YAML().dump(stack, fh)
@@ -207,8 +209,9 @@ def test_another_host_needs_allow_target_and_stack_check_reads_it_over_ssh(remot
     assert engine["control"].startswith(f"pid and cmdline on root@{there}:22 over SSH")
     assert engine["pid"] == int((d / "engine.pid").read_text())
     lmcache = json.loads(proc.stdout)["services"]["lmcache"]
-    assert lmcache["control"].startswith(f"container {LMCACHE_CONTAINER} on ssh://root@{there} over SSH")
-    assert lmcache["container_state"] == "running"
+    assert lmcache["control"].startswith("container labels org.example.stack=user-stack, "
+                                         f"org.example.service=lmcache on ssh://root@{there} over SSH")
+    assert lmcache["container_state"] == "running" and lmcache["container"] == LMCACHE_CONTAINER
     dry = run_kvdrill(["run", str(REPO / "scenarios" / "basics" / "verify-stack.yaml"), "--stack", str(stack_file),
                        "--dry-run"], timeout=120)
     assert dry.returncode == 2 and f"--allow-target {there}" in dry.stdout

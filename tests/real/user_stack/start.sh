@@ -37,7 +37,9 @@ if [[ -n "${LMCACHE_CONTAINER:-}" ]]; then
   # namespaces (as in user_stack/docker-compose.yml)
   PY_PREFIX=$(readlink -f "$VENV/bin/python" | xargs dirname | xargs dirname)
   LIBS=/usr/lib/x86_64-linux-gnu
-  docker run -d --name "$LMCACHE_CONTAINER" --network host --ipc host --pid host -e LMCACHE_DISABLE_BANNER=1 \
+  # labelled as a deployment tool labels its containers: a stack file may find it by these instead of its name
+  docker run -d --name "$LMCACHE_CONTAINER" --label org.example.stack=user-stack --label org.example.service=lmcache \
+    --network host --ipc host --pid host -e LMCACHE_DISABLE_BANNER=1 \
     -v "$LIBS:$LIBS:ro" -v "$PY_PREFIX:$PY_PREFIX:ro" -v "$VENV:$VENV:ro" -v "$DIR:$DIR" \
     "$LMCACHE_IMAGE" "${LMCACHE[@]}" > /dev/null
 else
