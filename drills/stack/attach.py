@@ -546,6 +546,7 @@ class AttachedStack(SandboxStack):
         tp = self.stack_file.services.get("toxiproxy")
         self.toxiproxy_token_file = Path(tp.token_file) if tp is not None and tp.token_file else None
         self._proxies: list[dict[str, Any]] = []
+        self.log_commands: dict[str, Any] = {}  # name -> LogCommand, running from up() to down()
 
     @classmethod
     def from_spec(cls, spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> AttachedStack:
@@ -634,7 +635,23 @@ class AttachedStack(SandboxStack):
         self._link_logs()
         self._proxies = await self._read_proxies()
         self.found = await self.state_now()
+        self._start_log_commands()  # last: nothing after it can fail and leave one running without a down()
         self.journal.append("stack.attached", stack=self.stack_file.name, found=self.found)
+
+    def _start_log_commands(self) -> None:
+        """Each declared log_command, its output into the run's logs/ (drills/stack/log_command.py)."""
+        from drills.stack.log_command import LogCommand
+
+        for name, s in self.stack_file.services.items():
+            if s.log_command and name not in self.log_commands:
+                cmd = LogCommand(name, list(s.log_command), self.driver.log_dir / f"{name}.log",
+                                 self.stack_file.ssh_host(name), run_tag=str(self.run_dir))
+                self.log_commands[name] = cmd
+                self.journal.append("service.log_command_started", **cmd.start())
+
+    def _stop_log_commands(self) -> None:
+        for name in list(self.log_commands):
+            self.journal.append("service.log_command_stopped", **self.log_commands.pop(name).stop())
 
     async def _health(self, name: str) -> dict[str, str]:
         url = self.stack_file.health_url(name)
@@ -683,6 +700,7 @@ class AttachedStack(SandboxStack):
         """Stop nothing; say whether the stack is as it was found (healthy services, proxies without the
         run's toxics, the same pids unless a fault's heal started a service again)."""
         self._close_store_probe()
+        self._stop_log_commands()
         try:
             now = await self.state_now()
         except Exception as exc:  # noqa: BLE001 - the comparison is evidence; a proxy gone is reported, not raised

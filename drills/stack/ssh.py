@@ -222,9 +222,16 @@ def follow(host: SshHost, path: str, local: Path, stop: threading.Event, from_by
     (or from byte ``from_byte``: a service kvdrill started again, from before its start) until ``stop`` is
     set: ``tail -F`` over one channel, so a log rotated or recreated is still followed."""
     where = "-n 0" if from_byte is None else f"-c +{int(from_byte) + 1}"
+    stream(host, f"tail {where} -F {shlex.quote(path)} 2>/dev/null", local, stop)
+
+
+def stream(host: SshHost, command: str, local: Path, stop: threading.Event) -> None:
+    """Append what ``command`` prints on ``host`` (stdout and stderr) to ``local`` until it ends or ``stop`` is
+    set; one channel, closed at the end (sshd then hangs up the command's session)."""
     try:
         channel = client(host).get_transport().open_session()  # type: ignore[union-attr]
-        channel.exec_command(f"tail {where} -F {shlex.quote(path)} 2>/dev/null")
+        channel.set_combine_stderr(True)
+        channel.exec_command(command)
         channel.settimeout(0.5)
     except Exception:  # noqa: BLE001 - no log is lost evidence, not a reason to stop the drill
         return
@@ -241,4 +248,6 @@ def follow(host: SshHost, path: str, local: Path, stop: threading.Event, from_by
                 break
             fh.write(data)
             fh.flush()
+        while channel.recv_ready():  # a command that ended: what it printed last is still buffered
+            fh.write(channel.recv(65536))
     channel.close()

@@ -164,6 +164,11 @@ class Service(_Strict):
                                                  "LMCache, /version for Toxiproxy)")
     metrics: str | None = Field("/metrics", description="Prometheus metrics path (null: none)")
     log: str | None = Field(None, description="a file its output goes to (evidence in reports)")
+    log_command: list[str] | None = Field(None, min_length=1, description=(
+        "or: a command that prints its log as it grows, one list item per argument (e.g. [journalctl, -u, vllm, "
+        "-f, -n, '0', -o, cat], or [docker, logs, -f, --since, 0s, NAME]); run on the service's machine (over "
+        "SSH where control.host names one) from the attach to the end of the drill, its output into the run's "
+        "logs/"))
     control: ProcessControl | None = Field(None, description="a process on this host kvdrill may signal; omitted "
                                                              "(and no container:): reached by URL only")
     container: ContainerControl | None = Field(None, description="or: a container kvdrill may signal and start "
@@ -234,6 +239,11 @@ class StackFile(_Strict):
         for role, svc in self.services.items():
             if svc.control is not None and svc.container is not None:
                 raise ValueError(f"services.{role}: give control: (a process) or container:, not both")
+            if svc.log is not None and svc.log_command is not None:
+                raise ValueError(f"services.{role}: give log: (a file) or log_command:, not both")
+            if svc.container is not None and svc.log_command is not None:
+                raise ValueError(f"services.{role}.log_command: a container's log is its `docker logs`, which kvdrill "
+                                 "already follows through its engine; leave log_command out")
             if role != "lmcache" and svc.l2 is not None:
                 raise ValueError(f"services.{role}.l2: only the lmcache service has an L2")
             if role != "toxiproxy" and (svc.proxies or svc.token_file or svc.host_addresses):
