@@ -132,7 +132,9 @@ def user_stack(tmp_path_factory):
             "lmcache": {"url": urls["lmcache"], "log": str(d / "logs" / "lmcache.log"), "chunk_size": 256,
                         "l2": {"path": str(d / "l2")},
                         "control": {"pidfile": str(d / "lmcache.pid"), "cmdline": cmd_of("lmcache")}},
+            # its log through a command, as journalctl or a supervisor would print it (here: from its first line)
             "toxiproxy": {"url": urls["toxiproxy"], "token_file": str(d / "toxiproxy.token"),
+                          "log_command": ["tail", "-n", "+1", "-F", str(d / "logs" / "toxiproxy.log")],
                           "proxies": {"lmcache": "engine -> lmcache"}}}}
         path = d / "stack.yaml"
         with path.open("w") as fh:
@@ -233,6 +235,12 @@ def test_a_toxic_on_the_users_proxy_and_an_engine_kill_are_healed(user_stack, tm
     token = (d / "toxiproxy.token").read_text().strip()
     proxies = httpx.get(urls["toxiproxy"] + "/proxies", headers=api_headers(token)).json()
     assert proxies["lmcache"]["toxics"] == []
+    # the declared log_command's output is the run's toxiproxy log, and the command is gone with the drill
+    assert "Starting Toxiproxy HTTP server" in (run_dir / "logs" / "toxiproxy.log").read_text()
+    [started] = _events(run_dir, "service.log_command_started")
+    [stopped] = _events(run_dir, "service.log_command_stopped")
+    assert started["data"]["pgid"] == stopped["data"]["pgid"] and not stopped["data"]["ended_by_itself"]
+    assert not Path(f"/proc/{started['data']['pgid']}").exists()
     _as_found(run_dir)
     correctness = next(c for c in json.loads((run_dir / "verdict.json").read_text())["checks"]
                        if c["name"] == "correctness")
