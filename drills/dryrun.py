@@ -308,7 +308,9 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.kv_corrupt import Bitflip, Stale, Swap
 
     assert view.l2_dir is not None  # Capability.CHUNK_FILES, checked before the planners
-    n = sc.workload.prompts
+    from drills.prompts_file import prompt_count
+
+    n = prompt_count(sc.workload)  # a prompts file's lines, when it has one
     ids = list(range(n)) if p.prompts == "all" else list(p.prompts)
     bad = [x for x in ids if x >= n]
     if bad:

@@ -49,7 +49,7 @@ from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
-from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave
+from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave, tokenizer_identity
 from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry, services_needed
 from injectors.process import ProcessFault
 
@@ -245,6 +245,10 @@ class Runner:
         if sc.workload.chaos_prompts == "fresh":
             self.fresh = await build_prompts(engine, sc.workload, sc.seed, fresh=True)
         every = self.prompts + self.fresh if self.fresh else self.prompts
+        # the tokenizer and chat template as fingerprints: answers are only comparable across runs when these match
+        self.journal.append("versions.tokenizer", **await tokenizer_identity(engine))
+        if self.prompts.source is not None:  # which file, exactly (the bytes tokenized): a retro replays them
+            self.journal.append("workload.prompts_file", **self.prompts.source)
         self.journal.append("workload.prompts", shared_prefix_tokens=self.prompts.shared_prefix_tokens,
                             chunk_size=sc.stack.lmcache.chunk_size,
                             fresh_ids=[p.id for p in self.fresh] if self.fresh else [],

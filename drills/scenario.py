@@ -197,6 +197,23 @@ class WorkloadSpec(_Strict):
         None, description="share ratios: which prompts share which prefix; omitted: every prompt shares one prefix")
     arrival: Arrival = Field(default_factory=ClosedArrival,
                              description="closed (default): `concurrency` at a time; poisson: open loop at `rate`")
+    prompts_file: str | None = Field(
+        None, description="your own prompts instead of seeded stories: a JSONL file (relative to the scenario), one "
+                          "{\"prompt\": TEXT} or {\"messages\": [{role, content}, ...]} per line, optionally with "
+                          "max_tokens; tokenized by the engine (a chat with its chat template); at most 1024 lines "
+                          "(drills/prompts_file.py). Replaces prompts, shared_prefix_tokens and unique_tokens")
+
+    @model_validator(mode="after")
+    def _prompts_file_alone(self) -> WorkloadSpec:
+        if self.prompts_file is None:
+            return self
+        clash = sorted({"prompts", "shared_prefix_tokens", "unique_tokens", "share"} & self.model_fields_set)
+        if clash:
+            raise ValueError(f"workload.prompts_file gives the prompts; leave out {', '.join(clash)}")
+        if self.chaos_prompts == "fresh":
+            raise ValueError("workload.chaos_prompts: fresh draws a second seeded prompt set, which a prompts_file "
+                             "has not; use same (or a second drill with other prompts)")
+        return self
 
     @model_validator(mode="after")
     def _share_fits(self) -> WorkloadSpec:
@@ -563,7 +580,25 @@ def parse_scenario(text: str, path: Path) -> LoadedScenario:
         # a stack file named by the scenario is found beside it, wherever kvdrill is run from
         stack = scenario.stack.model_copy(update={"file": str((path.parent / scenario.stack.file).absolute())})
         scenario = scenario.model_copy(update={"stack": stack})
+    if scenario.workload.prompts_file is not None:
+        scenario = _with_prompts_file(scenario, path, data)
     return LoadedScenario(path=path, scenario=scenario, fault_params=params, tree=data)
+
+
+def _with_prompts_file(scenario: Scenario, path: Path, data: Any) -> Scenario:
+    """The prompts file found beside the scenario and validated now, so `kvdrill validate` reports its
+    problems at their lines before anything starts (the prompts file's own path and line numbers)."""
+    from drills.prompts_file import PromptsFileError, load_prompts_file
+
+    file = Path(scenario.workload.prompts_file)  # type: ignore[arg-type]
+    file = file if file.is_absolute() else (path.parent / file).absolute()
+    try:
+        load_prompts_file(file)
+    except PromptsFileError as exc:
+        line = _line(data, ("workload", "prompts_file"))
+        raise ScenarioError(path, [Problem(line, "workload.prompts_file", f"{file}:{n if n is not None else '?'}: {why}")
+                                   for n, why in exc.problems]) from exc
+    return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"prompts_file": str(file)})})
 
 
 def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel], list[Problem]]:

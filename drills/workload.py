@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,6 +45,7 @@ class Prompt:
     id: int
     token_ids: list[int]
     group: int | None = 0  # the shared prefix it starts with; None: a prefix of its own (workload.share)
+    max_tokens: int | None = None  # its own answer length (a prompts file's line); None: workload.max_tokens
 
     @property
     def name(self) -> str:
@@ -55,6 +57,7 @@ class PromptSet:
     prompts: list[Prompt]
     shared_prefix_tokens: int
     seed: int
+    source: dict[str, Any] | None = None  # a prompts file's path, sha256, kinds and line numbers; None: seeded
 
     def __iter__(self):
         return iter(self.prompts)
@@ -157,6 +160,19 @@ class EngineClient:
         r.raise_for_status()
         return list(r.json()["tokens"])
 
+    async def tokenize_text(self, text: str) -> list[int]:
+        """A user's prompt as the engine tokenizes a completion's text prompt (its special tokens included)."""
+        r = await self.http.post(f"{self.base_url}/tokenize", json={"model": self.model, "prompt": text})
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+    async def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """A chat as the engine renders it for /v1/chat/completions: its chat template, the generation prompt."""
+        r = await self.http.post(f"{self.base_url}/tokenize", json={"model": self.model, "messages": messages,
+                                                                    "add_generation_prompt": True})
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
     async def complete(self, token_ids: list[int], max_tokens: int, timeout: float,
                        cache_salt: str | None = None) -> Completion:
         """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request.
@@ -212,7 +228,10 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
     """Token ids for each prompt, from seeded story text tokenized by the engine's own tokenizer.
 
     ``fresh`` builds the chaos-only set: the same shared prefix, other unique parts, ids after the main
-    set's, so its chunks are not in the cache until chaos traffic stores them."""
+    set's, so its chunks are not in the cache until chaos traffic stores them. With ``prompts_file`` the
+    prompts are the file's lines instead (:func:`file_prompts`)."""
+    if spec.prompts_file is not None:
+        return await file_prompts(client, Path(spec.prompts_file), seed)
     rng = random.Random(seeds.WORKLOAD.format(seed=seed))
     n = spec.shared_prefix_tokens
 
@@ -239,6 +258,59 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
         body = (await client.tokenize(" " + _story(rng, spec.unique_tokens)))[:body_len]
         prompts.append(Prompt(id=i, token_ids=head + body + closing, group=group))
     return PromptSet(prompts=prompts, shared_prefix_tokens=len(shared), seed=seed)
+
+
+async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet:
+    """A prompts file's lines (drills/prompts_file.py) as token ids from the engine's own tokenizer, prompt ids
+    in file order; the set's shared prefix is the longest token prefix every prompt starts with (a common
+    system prompt), which is what the cache can share between them."""
+    from drills.prompts_file import load_prompts_file
+
+    loaded = load_prompts_file(path)
+    prompts = []
+    for i, (_, line) in enumerate(loaded.lines):
+        ids = (await client.tokenize_chat([m.model_dump() for m in line.messages]) if line.messages is not None
+               else await client.tokenize_text(line.prompt or ""))
+        prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens))
+    source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
+    return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
+                     source=source)
+
+
+# fixed probes whose token ids fingerprint the engine's tokenizer and chat template: a changed tokenizer, a
+# changed template or another model answers them differently (the manifest records the digests)
+PROBE_TEXT = "kvdrill probe: 0 12 345, cache-salt; Ünïcode 日本 ok."
+PROBE_CHAT = [{"role": "system", "content": "kvdrill probe"}, {"role": "user", "content": "probe 1"}]
+
+
+async def tokenizer_identity(client: EngineClient) -> dict[str, Any]:
+    """Digests of the engine's tokenization of :data:`PROBE_TEXT` and of :data:`PROBE_CHAT` through its chat
+    template, for the versions manifest; what failed instead, where the engine has no chat template."""
+    import hashlib
+
+    def digest(ids: list[int]) -> str:
+        return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+
+    out: dict[str, Any] = {}
+    for key, call in (("tokenizer", lambda: client.tokenize_text(PROBE_TEXT)),
+                      ("chat_template", lambda: client.tokenize_chat(PROBE_CHAT))):
+        try:
+            ids = await call()
+            out[key] = {"probe_sha256": digest(ids), "probe_tokens": len(ids)}
+        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
+            out[key] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return out
+
+
+def _common_prefix(lists: list[list[int]]) -> int:
+    if len(lists) < 2:
+        return 0
+    n = 0
+    for column in zip(*lists):
+        if any(t != column[0] for t in column):
+            break
+        n += 1
+    return n
 
 
 def share_groups(spec: WorkloadSpec, seed: int) -> list[int | None]:
@@ -367,7 +439,7 @@ class _Sender:
         if due is not None:
             timing = {"scheduled_s": round(due.offset, 4), "send_delay_s": round(time.perf_counter() - due.at, 4)}
         journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
-                       prompt_tokens=len(prompt.token_ids), max_tokens=spec.max_tokens,
+                       prompt_tokens=len(prompt.token_ids), max_tokens=prompt.max_tokens or spec.max_tokens,
                        deadline_s=spec.request_timeout, durable=False, **timing, **tag)
         if self.on_request is not None:
             await self.on_request()
@@ -375,7 +447,8 @@ class _Sender:
         sent = time.perf_counter()
         try:
             salted = {"cache_salt": salt} if salt is not None else {}
-            done = await self.client.complete(prompt.token_ids, spec.max_tokens, spec.request_timeout, **salted)
+            done = await self.client.complete(prompt.token_ids, prompt.max_tokens or spec.max_tokens,
+                                              spec.request_timeout, **salted)
             # open loop: time to first token also counts from the scheduled time (the queue is part of it)
             ttft = done.ttft_s if done.ttft_s is None else done.ttft_s + (sent - start)
             aborted = done.finish_reason == ABORTED

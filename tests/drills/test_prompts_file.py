@@ -1,0 +1,144 @@
+"""drills/prompts_file.py and its use: file:line errors at validation, the engine's tokenizer for text and
+chat lines (an in-process /tokenize), the shared prefix a common system prompt gives, per-line max_tokens
+on the wire. A drill on the real sandbox with a prompts file: tests/real/test_prompts_file.py."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from drills.journal import Journal
+from drills.prompts_file import PromptsFileError, load_prompts_file, prompt_count
+from drills.scenario import ScenarioError, WorkloadSpec, load_scenario
+from drills.workload import EngineClient, file_prompts, send_wave
+
+SYSTEM = {"role": "system", "content": "You are the on-call assistant."}
+
+
+def _write(tmp_path, *lines: str, name: str = "prompts.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_text_and_chat_lines_load_with_their_line_numbers_and_blank_lines_skipped(tmp_path):
+    path = _write(tmp_path, json.dumps({"prompt": "Why did the cache miss?"}), "",
+                  json.dumps({"messages": [SYSTEM, {"role": "user", "content": "What failed?"}], "max_tokens": 8}))
+    loaded = load_prompts_file(path)
+    assert [n for n, _ in loaded.lines] == [1, 3] and loaded.kinds == {"text": 1, "chat": 1}
+    assert loaded.lines[1][1].max_tokens == 8 and len(loaded.sha256) == 64
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ('{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "give exactly one of prompt (text) or messages"),
+    ('{"messages": [{"role": "bot", "content": "b"}]}', "messages.0.role: Input should be 'system', 'user' or 'assistant'"),
+    ('{"prompt": "a", "temperature": 0.7}', "temperature: unknown field; allowed: prompt, messages, max_tokens"),
+    ('{"prompt": "a"', "not a JSON object"),
+    ('{"prompt": "a", "max_tokens": 0}', "max_tokens: Input should be greater than or equal to 1"),
+])
+def test_a_bad_line_is_reported_at_its_line_with_what_is_allowed(tmp_path, line, says):
+    path = _write(tmp_path, '{"prompt": "fine"}', line)
+    with pytest.raises(PromptsFileError) as exc:
+        load_prompts_file(path)
+    assert f"{path}:2: {says}" in str(exc.value)
+
+
+def test_a_scenario_reports_its_prompts_files_problems_at_both_lines(tmp_path):
+    _write(tmp_path, '{"prompt": "fine"}', '{"messages": []}')
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: mine\nseed: 1\nworkload:\n  max_tokens: 4\n  prompts_file: prompts.jsonl\n"
+                        "chaos: {faults: []}\n")
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(scenario)
+    said = exc.value.render()
+    assert f"{scenario}:5: workload.prompts_file: {tmp_path / 'prompts.jsonl'}:2: messages: List should have at least 1" \
+        in said
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "fine"}\n')
+    loaded = load_scenario(scenario)  # found beside the scenario, wherever kvdrill runs
+    assert loaded.scenario.workload.prompts_file == str(tmp_path / "prompts.jsonl")
+    assert prompt_count(loaded.scenario.workload) == 1
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    ("prompts: 4", "leave out prompts"),
+    ("unique_tokens: 64", "leave out unique_tokens"),
+    ("chaos_prompts: fresh", "has not; use same"),
+])
+def test_a_prompts_file_replaces_the_seeded_fields(extra, says):
+    with pytest.raises(ValueError, match=says):
+        WorkloadSpec.model_validate({"prompts_file": "/p.jsonl", **dict([extra.split(": ")])})
+
+
+def _tokenizing_engine(seen: list[dict]):
+    """/tokenize as vLLM answers it: text -> one id per character (+ a BOS of 1); a chat -> its rendering."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        if "messages" in body:
+            text = "".join(f"<{m['role']}>{m['content']}" for m in body["messages"]) + "<assistant>"
+        else:
+            text = body["prompt"]
+        return httpx.Response(200, json={"tokens": [1, *map(ord, text)], "count": len(text) + 1})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://engine")
+
+
+async def test_prompts_are_the_engines_tokens_and_a_common_system_prompt_is_the_shared_prefix(tmp_path):
+    path = _write(tmp_path, *(json.dumps({"messages": [SYSTEM, {"role": "user", "content": q}]})
+                              for q in ("What failed?", "Since when?")),
+                  json.dumps({"prompt": "x", "max_tokens": 3}))
+    seen: list[dict] = []
+    async with _tokenizing_engine(seen) as http:
+        chats = await file_prompts(EngineClient("http://engine", "m", http), path, seed=5)
+    assert seen[0]["add_generation_prompt"] is True and seen[0]["messages"][0] == SYSTEM
+    assert "messages" not in seen[2] and seen[2].get("add_special_tokens", True) is True
+    assert [p.id for p in chats] == [0, 1, 2] and chats.prompts[2].max_tokens == 3
+    assert chats.shared_prefix_tokens == 1  # the third line shares only the BOS with the chats
+    assert chats.source["chat"] == 2 and chats.source["lines"] == [1, 2, 3]
+    async with _tokenizing_engine([]) as http:
+        two = await file_prompts(EngineClient("http://engine", "m", http), _write(tmp_path, *(
+            json.dumps({"messages": [SYSTEM, {"role": "user", "content": q}]}) for q in ("What failed?", "Since when?")),
+            name="two.jsonl"), seed=5)
+    # BOS, then "<system>" and the system prompt and "<user>": what the cache can share between them
+    assert two.shared_prefix_tokens == 1 + len("<system>You are the on-call assistant.<user>")
+
+
+async def test_a_lines_max_tokens_is_what_the_request_asks_for(tmp_path):
+    asked: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content)["max_tokens"])
+        chunks = [f"data: {json.dumps({'choices': [{'index': 0, 'text': 'A', 'token_ids': [5], 'finish_reason': 'length'}]})}\n\n".encode(),
+                  b"data: [DONE]\n\n"]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"".join(chunks))
+
+    from drills.workload import Prompt, PromptSet
+
+    prompts = PromptSet([Prompt(0, [1, 2]), Prompt(1, [1, 3], max_tokens=3)], shared_prefix_tokens=1, seed=1)
+    journal = Journal(tmp_path / "run")
+    journal.phase = "warm"
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://engine") as http:
+        await send_wave(EngineClient("http://engine", "m", http), prompts, WorkloadSpec(max_tokens=9, concurrency=1),
+                        journal, target="engine", wave=1)
+    journal.close()
+    assert asked == [9, 3]
+
+
+async def test_the_tokenizer_and_chat_template_are_fingerprinted_and_a_missing_template_is_said():
+    from drills.workload import tokenizer_identity
+
+    async with _tokenizing_engine([]) as http:
+        ids = await tokenizer_identity(EngineClient("http://engine", "m", http))
+    assert len(ids["tokenizer"]["probe_sha256"]) == 16 and ids["chat_template"]["probe_tokens"] > 0
+    assert ids["tokenizer"]["probe_sha256"] != ids["chat_template"]["probe_sha256"]
+
+    def no_template(request: httpx.Request) -> httpx.Response:
+        if "messages" in json.loads(request.content):
+            return httpx.Response(400, json={"error": {"message": "no chat template"}})
+        return httpx.Response(200, json={"tokens": [1, 2]})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(no_template), base_url="http://engine") as http:
+        ids = await tokenizer_identity(EngineClient("http://engine", "m", http))
+    assert ids["tokenizer"]["probe_tokens"] == 2 and ids["chat_template"]["error"].startswith("HTTPStatusError")
