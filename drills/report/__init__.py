@@ -23,7 +23,10 @@ def write_reports(run_dir: Path, scenario_path: Path, history: History, outcome:
         (run_dir / "verdict.json").write_text(verdict_text(doc))
         versions = next((e.data for e in history.of_type("versions")), {})
         reported = next((e.data for e in history.of_type("versions.reported")), {})
-        (run_dir / "versions.json").write_text(json.dumps({**versions, "reported": reported}, indent=2) + "\n")
+        tokenizer = next((e.data for e in history.of_type("versions.tokenizer")), None)
+        (run_dir / "versions.json").write_text(json.dumps({**versions, "reported": reported,
+                                                           **({"tokenizer": tokenizer} if tokenizer else {})},
+                                                          indent=2) + "\n")
         write_documents(run_dir, doc, history)
 
 
