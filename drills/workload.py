@@ -154,15 +154,11 @@ class EngineClient:
         rest = json.dumps({k: v for k, v in body.items() if k != "prompt"}, separators=(",", ":"))
         return f'{{"prompt":{encoded},{rest[1:]}'.encode()
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; ``special_tokens``: as the engine tokenizes a completion's text prompt (a
+        user's prompt, BOS included), not as a fragment the seeded stories are assembled from."""
         r = await self.http.post(f"{self.base_url}/tokenize",
-                                 json={"model": self.model, "prompt": text, "add_special_tokens": False})
-        r.raise_for_status()
-        return list(r.json()["tokens"])
-
-    async def tokenize_text(self, text: str) -> list[int]:
-        """A user's prompt as the engine tokenizes a completion's text prompt (its special tokens included)."""
-        r = await self.http.post(f"{self.base_url}/tokenize", json={"model": self.model, "prompt": text})
+                                 json={"model": self.model, "prompt": text, "add_special_tokens": special_tokens})
         r.raise_for_status()
         return list(r.json()["tokens"])
 
@@ -270,7 +266,7 @@ async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet
     prompts = []
     for i, (_, line) in enumerate(loaded.lines):
         ids = (await client.tokenize_chat([m.model_dump() for m in line.messages]) if line.messages is not None
-               else await client.tokenize_text(line.prompt or ""))
+               else await client.tokenize(line.prompt or "", special_tokens=True))
         prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens))
     source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
     return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
@@ -292,7 +288,7 @@ async def tokenizer_identity(client: EngineClient) -> dict[str, Any]:
         return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
 
     out: dict[str, Any] = {}
-    for key, call in (("tokenizer", lambda: client.tokenize_text(PROBE_TEXT)),
+    for key, call in (("tokenizer", lambda: client.tokenize(PROBE_TEXT, special_tokens=True)),
                       ("chat_template", lambda: client.tokenize_chat(PROBE_CHAT))):
         try:
             ids = await call()

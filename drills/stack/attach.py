@@ -282,7 +282,7 @@ def find_container(declared: ContainerControl, host: SshHost | None = None):
             if len(found) != 1:
                 raise StackError(f"{declared.describe} match {len(found)} containers on {declared.docker_host}"
                                  + (f" ({', '.join(sorted(c.name for c in found))}); add a label that tells them apart, "
-                                    "or give the name" if found else "") )
+                                    "or give the name" if found else ""))
             container = found[0]
     except docker.errors.NotFound as exc:
         raise StackError(f"no container {declared.name!r} on {declared.docker_host}") from exc

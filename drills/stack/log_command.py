@@ -60,10 +60,6 @@ class LogCommand:
         return {"service": self.service, "argv": self.argv, "host": f"{self.host.user}@{self.host.address}",
                 "log": str(self.local)}
 
-    def ended_early(self) -> int | None:
-        """Its exit status if it ended before it was stopped (a local one; None while it runs)."""
-        return self.popen.poll() if self.popen is not None else None
-
     def stop(self, grace: float = 5.0) -> dict:
         """Stop it (its group on this host, its channel on another); what the journal records."""
         self._stop.set()

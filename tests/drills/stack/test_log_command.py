@@ -41,7 +41,7 @@ def test_a_command_that_ends_by_itself_keeps_its_output_and_says_so(tmp_path):
     log = tmp_path / "svc.log"
     cmd = LogCommand("svc", ["echo", "done already"], log)
     cmd.start()
-    _wait_for(lambda: cmd.ended_early() is not None)
+    _wait_for(lambda: cmd.popen.poll() is not None)
     stopped = cmd.stop()
     assert stopped["ended_by_itself"] and stopped["returncode"] == 0 and log.read_text() == "done already\n"
 
