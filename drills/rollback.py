@@ -152,6 +152,9 @@ class RunState:
     # start command and pidfile, or the container, its stack file on disk declares (all rollback may start)
     attached: dict[int, str] = field(default_factory=dict)
     attached_starts: dict[str, Any] = field(default_factory=dict)
+    # an attached stack's L2 directory, where both the journal and its stack file on disk put it: a chunk a
+    # kv_corrupt of the run damaged there is written back (from the run's own backup, by its digest)
+    attached_l2: Path | None = None
 
     def inside(self, value: Any, *, follow: bool = True, roots: list[Path] | None = None) -> bool:
         """``value`` is an absolute path under one of the run's directories. ``follow``: symlinks
@@ -207,6 +210,7 @@ def run_state(run_dir: Path, history: History) -> RunState:
     starts = _declared_starts(prepared.data) if prepared is not None else {}
     return RunState(run_dir=run_dir, roots=roots, tags={str(run_dir), *linked}, netns=netns,
                     attached=attached, attached_starts=starts,
+                    attached_l2=_declared_l2(prepared.data) if prepared is not None else None,
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -282,12 +286,14 @@ def _docker_host_ok(value: Any) -> str | None:
 
 def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
     """kv_corrupt: a chunk is written back only from a backup inside the run whose bytes have the
-    recorded digest, onto a path inside the run's directories or the L2 volume of a project it made."""
+    recorded digest, onto a path inside the run's directories, the L2 volume of a project it made, or the
+    L2 directory of the attached stack its stack file declares."""
     if not isinstance(entries, list):
         return [], [f"restore is {type(entries).__name__}, not a list of files"]
     from drills.stack.docker_sandbox import l2_volume_dir
 
     volumes = [Path(os.path.realpath(l2_volume_dir(p))) for p in sorted(state.projects)]
+    volumes += [state.attached_l2] if state.attached_l2 is not None else []
     good, bad = [], []
     for entry in entries:
         if not isinstance(entry, dict):
@@ -295,7 +301,8 @@ def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], l
             continue
         path, backup, digest = entry.get("path"), entry.get("backup"), entry.get("sha256")
         if not (state.inside(path) or (volumes and state.inside(path, roots=volumes))):
-            bad.append(f"{str(path)[:120]}: not under the run's directories")
+            bad.append(f"{str(path)[:120]}: not under the run's directories"
+                       + (", a project's L2 volume or the L2 its stack file declares" if volumes else ""))
         elif not state.inside(backup):
             bad.append(f"{path}: backup {str(backup)[:120]} is not under the run's directories")
         elif not isinstance(digest, str) or not os.path.isfile(backup) or sha256_file(Path(backup)) != digest:
@@ -381,6 +388,34 @@ def _vet_network(rec: Any, state: RunState) -> str | None:
     return _loopback_url(rec.get("url"))
 
 
+def _own_stack_file(path: Any):
+    """The stack file at ``path`` as it is on disk now, if it is the invoking user's own file that no one else
+    can write (a journal is evidence, not instructions: what rollback does on a stack it did not start, the
+    stack file must still declare); None otherwise."""
+    if not isinstance(path, str):
+        return None
+    from drills.stack.stackfile import StackFileError, load_stack_file
+
+    try:
+        st = os.stat(path)
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None
+        return load_stack_file(path)
+    except (OSError, StackFileError):
+        return None
+
+
+def _declared_l2(prepared: dict[str, Any]) -> Path | None:
+    """The attached LMCache's L2 directory, where the journal recorded it and the stack file on disk still
+    declares it (resolved; None when the two disagree or either has none)."""
+    f = _own_stack_file(prepared.get("stack_file"))
+    declared = f.l2_dir if f is not None else None
+    recorded = prepared.get("l2_dir")
+    if declared is None or not isinstance(recorded, str) or os.path.realpath(recorded) != os.path.realpath(declared):
+        return None
+    return Path(os.path.realpath(declared))
+
+
 def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
     """Per attached service, the start command (and pidfile it rewrites) that both the journal and the stack
     file on disk declare.
@@ -389,17 +424,8 @@ def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
     alone is not enough (a journal is evidence, not instructions): the stack file it names must still say
     the same, and be the invoking user's own file that no one else can write."""
     recorded = (prepared.get("stack") or {}).get("services")
-    path = prepared.get("stack_file")
-    if not isinstance(recorded, dict) or not isinstance(path, str):
-        return {}
-    from drills.stack.stackfile import StackFileError, load_stack_file
-
-    try:
-        st = os.stat(path)
-        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return {}
-        f = load_stack_file(path)
-    except (OSError, StackFileError):
+    f = _own_stack_file(prepared.get("stack_file"))
+    if not isinstance(recorded, dict) or f is None:
         return {}
     services = f.services.items()
     on_disk = {n: {"start": s.control.start.model_dump(mode="json") if s.control.start else None,
@@ -828,7 +854,10 @@ def resolve_run(run: str, reports_dir: Path) -> list[Path]:
 def live_owner(run_dir: Path) -> int | None:
     """The pid of the kvdrill that runs this drill, if it is still alive (then it heals itself: a rollback
     now would pull its stack away under it)."""
-    started = read_history(run_dir / JOURNAL_NAME).first("run.started")
+    history = read_history(run_dir / JOURNAL_NAME)
+    if history.first("verdict") is not None:
+        return None  # the run ended (a --hold run leaves its faults to rollback): its process heals nothing more
+    started = history.first("run.started")
     pid = (started.data if started else {}).get("kvdrill_pid")
     if not isinstance(pid, int) or pid == os.getpid():
         return None

@@ -502,3 +502,39 @@ def test_rollback_heals_in_the_order_the_runner_would_a_frozen_master_before_the
     j.close()
     CliRunner().invoke(app, ["rollback", str(old)])
     assert calls == ["f1-process", "f0-store"]
+
+
+@pytest.mark.parametrize("declared_elsewhere", [False, True])
+def test_a_chunk_in_an_attached_stacks_declared_l2_is_restored_and_nothing_outside_it(tmp_path, declared_elsewhere):
+    """A held or crashed kv_corrupt on a stack kvdrill attached to: the chunk lives in the user's L2, not the
+    run's directories. It is written back only while the stack file on disk still declares that L2."""
+    from drills.stack.stackfile import load_stack_file
+
+    l2 = tmp_path / "user-l2"
+    l2.mkdir()
+    chunk = l2 / "m@1@0@abc.data"
+    chunk.write_bytes(os.urandom(1024))
+    original = _sha(chunk)
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\nservices:\n  engine: {url: 'http://127.0.0.1:8000'}\n"
+                     f"  lmcache: {{url: 'http://127.0.0.1:9', l2: {{adapter: fs, path: {l2}}}}}\n")
+    stack.chmod(0o644)
+    run = tmp_path / "run"
+    backup = run / "backups" / "f0" / chunk.name
+    backup.parent.mkdir(parents=True)
+    backup.write_bytes(chunk.read_bytes())
+    j = _run_journal(run)
+    j.append("stack.prepared", ref="attach", stack_file=str(stack), stack=load_stack_file(stack).model_dump(mode="json"),
+             l2_dir=str(l2))
+    j.append("fault.undo", fault_id="f0-kv_corrupt", injector="kv_corrupt",
+             restore=[{"path": str(chunk), "backup": str(backup), "sha256": original, "size": 1024}])
+    j.close()
+    chunk.write_bytes(b"\0" * 1024)
+    if declared_elsewhere:  # the stack file no longer vouches for that directory
+        stack.write_text(stack.read_text().replace(str(l2), str(tmp_path / "other")))
+    report = rb.rollback(run)
+    if declared_elsewhere:
+        assert not report.ok and _sha(chunk) != original
+        assert any("not under the run's directories" in i.what for i in report.of("failed"))
+    else:
+        assert report.ok and _sha(chunk) == original and [i.what for i in report.of("undone")] == [str(chunk)]
