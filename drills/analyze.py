@@ -154,7 +154,8 @@ def _judge(run_dir: Path, history: History, names: list[str] | None, *, write: b
     partial = None
     if stored is None:
         partial = "the journal has no verdict: kvdrill did not finish this run (killed?)"
-    elif stored["verdict"] in ("error", "aborted") and not stored.get("checks"):
+    elif stored["verdict"] in ("error", "aborted", "held") and not stored.get("checks"):
+        # a held run (`kvdrill run --hold`) judged nothing on purpose: its faults were left for another tool
         partial = f"the run ended {stored['verdict'].upper()} before its checks ran: {stored['reason']}"
 
     results: list[CheckResult] = []

@@ -343,16 +343,25 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
         stack: str | None = typer.Option(None, "--stack", help="run on this stack instead of the scenario's: a "
                                          "built-in kind (e.g. sandbox-docker: the same drill in containers) or "
                                          "the stack file of a stack you run (my-stack.yaml)"),
+        hold: bool = typer.Option(False, "--hold", help="on an attached stack: warm, inject and prove every fault, "
+                                  "and leave them in effect (verdict HELD, exit 0); `kvdrill rollback RUN` heals them"),
         ) -> None:
     """Run one drill end to end on a stack it starts, and write its report (--dry-run: only the plan;
     exit 0 if allowed, 2 with the refusals). Ctrl-C, SIGTERM and `kvdrill abort` stop it: faults
-    healed, stack stopped, verdict ABORTED (exit 3)."""
+    healed, stack stopped, verdict ABORTED (exit 3). --hold stops after the faults are in effect, for
+    another tool to observe them (Chaos Toolkit: drills/ctk/)."""
     from drills.report import headline
     from drills.runner import Runner
 
     loaded = _load(scenario)
     if stack is not None:
         loaded = _on_stack(loaded, stack)
+    if hold:  # before the dry run too: a plan that could not be held is no plan for --hold
+        from drills.runner import hold_problems
+
+        if why := hold_problems(loaded.scenario):
+            typer.echo("not run: " + "; ".join(why), err=True)
+            raise typer.Exit(2)
     if dry_run:
         from drills import dryrun
 
@@ -364,7 +373,7 @@ def run(scenario: Path = typer.Argument(..., help="scenario YAML"), reports_dir:
         typer.echo(f"not run: {scenario} needs {needs.stack}: {needs.why}", err=True)
         raise typer.Exit(2)
     _kill_switch_dir()
-    runner = Runner(loaded, reports_dir, keep=keep, console=err, allow_targets=tuple(allow_target))
+    runner = Runner(loaded, reports_dir, keep=keep, console=err, allow_targets=tuple(allow_target), hold=hold)
     typer.echo(f"run {runner.run_id} -> {runner.run_dir}", err=True)
     try:
         outcome = asyncio.run(runner.run())

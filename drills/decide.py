@@ -14,7 +14,7 @@ from drills.checkers.effect import Effect
 from drills.scenario import Expect, ExpectedOutcome
 
 # NO_EFFECT exits 0 like PASS: nothing was wrong; an `expect:` tells the two apart (drills/checkers/effect.py)
-EXIT = {"pass": 0, "no_effect": 0, "fail": 1, "error": 2, "aborted": 3}
+EXIT = {"pass": 0, "no_effect": 0, "fail": 1, "error": 2, "aborted": 3, "held": 0}
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import Action, LoadedScenario, ManualStep, StackSpec, default_oracle
+from drills.scenario import Action, LoadedScenario, ManualStep, Scenario, StackSpec, default_oracle
 from drills.sse_http import SsePool
 from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
@@ -89,6 +89,27 @@ def make_stack(spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.Asy
     return stack_kind(spec.ref).from_spec(spec, run_dir, journal, http)
 
 
+def hold_problems(sc: Scenario) -> list[str]:
+    """Why ``--hold`` cannot run this scenario (empty: it can). Held faults must outlive the run, so the
+    stack must be one the run does not stop (an attached stack); and they are all injected at once, up front,
+    with nobody left to answer a pause."""
+    why = []
+    if sc.stack.ref != "attach":
+        why.append(f"--hold leaves faults in effect after the run, on a stack that outlives it: stack {sc.stack.ref} "
+                   "is started and stopped by the run itself; attach to a stack you run (--stack FILE)")
+    if not sc.chaos.faults:
+        why.append("--hold: the scenario has no chaos.faults to hold")
+    for i, f in enumerate(sc.chaos.faults):
+        if f.trigger is not None:
+            why.append(f"--hold: chaos.faults[{i}] has a trigger; a held run injects every fault at once, before "
+                       "any chaos traffic")
+        if f.confirm:
+            why.append(f"--hold: chaos.faults[{i}] asks for confirm; a held run has no operator to answer it")
+    if any(isinstance(a, ManualStep) for a in sc.chaos.actions):
+        why.append("--hold: chaos.actions has a manual step; a held run has no operator to answer it")
+    return why
+
+
 def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{uuid.uuid4().hex[:6]}"
 
@@ -96,13 +117,15 @@ def new_run_id(name: str) -> str:
 class Runner:
     def __init__(self, loaded: LoadedScenario, reports_dir: Path, *, keep: bool = False,
                  console: Console | None = None, pool: StackPool | None = None,
-                 allow_targets: tuple[str, ...] = ()) -> None:
+                 allow_targets: tuple[str, ...] = (), hold: bool = False) -> None:
         self.loaded = loaded
         self.scenario = loaded.scenario
         self.run_id = new_run_id(self.scenario.name)
         self.run_dir = (reports_dir / self.run_id).resolve()
         self.keep = keep
         self.allow_targets = allow_targets  # --allow-target: outside hosts the operator allows (isolation.py)
+        self.hold = hold  # --hold: inject, prove, and leave the faults in effect (hold_problems says where it may)
+        self.held: list[str] | None = None  # the fault ids left in effect once a --hold run injected them all
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir)
         self.log = _configure_logging(self.run_dir)
@@ -131,6 +154,11 @@ class Runner:
                             seeds=seeds.run_seeds(self.scenario.seed, self.scenario.workload.chaos_prompts == "fresh",
                                                   [seeds.fault_id(i, f.injector)
                                                    for i, f in enumerate(self.scenario.chaos.faults)]))
+        if driven := os.environ.get("KVDRILL_DRIVEN_BY"):  # another tool ran this drill (drills/ctk/): say which
+            try:
+                self.journal.append("run.driven_by", **json.loads(driven))
+            except (ValueError, TypeError):
+                self.journal.append("run.driven_by", raw=driven[:1000])
         verdict, reason = "error", ""
         results: list[CheckResult] = []
         self._effect: effect.Effect | None = None
@@ -148,12 +176,17 @@ class Runner:
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
             try:
                 await switch.run_scoped(self._drill(http))
-                with switch.deferred():
-                    history = read_history(self.journal.path)
-                    self._checked_through = history.events[-1].seq if history.events else None
-                    results = checkers.run_checks(history, self.scenario.checks)
-                self._effect = effect.assess(RunView(history))
-                verdict, reason = overall(results, self._effect)
+                if self.held is not None:
+                    # nothing was judged: the faults are proven in effect and left for someone else to observe
+                    verdict, reason = "held", (f"{len(self.held)} fault(s) injected, proven and left in effect "
+                                               f"({', '.join(self.held)}); heal: kvdrill rollback {self.run_dir}")
+                else:
+                    with switch.deferred():
+                        history = read_history(self.journal.path)
+                        self._checked_through = history.events[-1].seq if history.events else None
+                        results = checkers.run_checks(history, self.scenario.checks)
+                    self._effect = effect.assess(RunView(history))
+                    verdict, reason = overall(results, self._effect)
             except asyncio.CancelledError:
                 req = switch.request
                 verdict, reason = "aborted", req.reason if req else "cancelled"
@@ -206,6 +239,8 @@ class Runner:
     async def _drill(self, http: httpx.AsyncClient) -> None:
         sc = self.scenario
         with self._phase("preflight", "checking the stack install, memory and versions"):
+            if self.hold and (why := hold_problems(sc)):
+                raise DrillError("; ".join(why))
             declared = policy_for(sc, self.allow_targets).check_declared()
             if declared:
                 raise IsolationError(declared)
@@ -255,6 +290,9 @@ class Runner:
                             prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids}
                                      for p in every])
 
+        if self.hold:
+            await self._hold(engine)
+            return
         await self._oracle(http, engine, every)
 
         with self._phase("warm", f"cold write: populating {self.stack.warms}"):
@@ -298,6 +336,26 @@ class Runner:
         with self._phase("drain", "waiting for locks, stores, sessions and workers to return to pre-chaos values"):
             self.reusable = await self._drain()
         self.completed = True
+
+    async def _hold(self, engine: EngineClient) -> None:
+        """``--hold``: one cold write (so what a fault targets exists), every fault injected and proven, the
+        chaos actions, and then nothing: the faults stay in effect after this process ends, for another tool
+        to observe (a Chaos Toolkit experiment's hypothesis, drills/ctk/). Their undo records are in the
+        journal as for any run, so ``kvdrill rollback RUN`` heals them. A fault that fails to inject or to
+        prove itself is healed with the rest before the run ends (ERROR), as in any drill."""
+        sc = self.scenario
+        with self._phase("warm", f"cold write: populating {self.stack.warms}"):
+            mark = await self.stack.store_mark()
+            await self._traffic(engine, waves=1)
+            await self._wait_for_stores(mark)
+        with self._phase("chaos", "injecting every fault and leaving it in effect"):
+            for i, (fault, params) in enumerate(zip(sc.chaos.faults, self.loaded.fault_params)):
+                await self._fire(await self._plan(i, fault, params), {"trigger": "before_traffic"})
+            await self._actions(sc.chaos.actions)
+        held = [injector.ctx.fault_id for injector in self.injectors]
+        self.journal.append("faults.held", faults=held, heal=f"kvdrill rollback {self.run_dir}")
+        self.injectors.clear()  # from here on the run's own heal leaves them alone
+        self.held = held
 
     async def _oracle(self, http: httpx.AsyncClient, engine: EngineClient, every: PromptSet) -> None:
         """The no-cache answer to every prompt: from the engine itself with a fresh cache_salt per prompt
@@ -706,7 +764,8 @@ class Runner:
 
     def _finish(self, verdict: str, reason: str, results: list[CheckResult]) -> Outcome:
         self.journal.phase = "report"
-        d = decide(self.scenario.expect, verdict, reason, results)
+        # a held run judged nothing: an expect: of its scenario is for the drill it was cut from
+        d = decide(None if verdict == "held" else self.scenario.expect, verdict, reason, results)
         expectation, code = d.expectation, d.exit_code
         self.journal.append("verdict", verdict=verdict, reason=reason, checks=[r.as_dict() for r in results],
                             expectation=expectation, exit_code=code, checked_through=self._checked_through,

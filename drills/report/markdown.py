@@ -18,7 +18,7 @@ def headline(doc: dict[str, Any]) -> str:
     m = doc["metrics"]
     rate, wrong, total = m.get("hit_rate_tokens"), m.get("chaos_wrong_responses"), m.get("chaos_responses")
     failing = [c for c in doc["checks"] if c["verdict"] == "fail" and c["name"] not in ("correctness", "hit_rate")]
-    if doc["verdict"] in ("error", "aborted"):
+    if doc["verdict"] in ("error", "aborted", "held"):
         line = f"{verdict}: {doc['reason']}"
     elif rate is not None and wrong:
         line = f"{verdict}: hit rate {rate:.0%} but {wrong}/{total} responses wrong"
