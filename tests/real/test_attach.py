@@ -11,6 +11,7 @@ pid whose command line changed, or a service without a start command, is refused
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -267,3 +268,124 @@ def test_a_changed_command_line_or_a_service_that_could_not_be_restarted_is_refu
                         "    - {injector: process, params: {service: lmcache, action: kill}}\n")
     dry = run_kvdrill(["run", str(scenario), "--stack", str(stack_file), "--dry-run"], timeout=120)
     assert dry.returncode == 2 and "nothing could start it again" in dry.stdout
+
+
+# --- the Chaos Toolkit extension (drills/ctk/), from the installed wheel's venv, on this stack -----------------
+
+CTK_SCENARIO = (
+    "name: ctk-zeroed-chunk\nseed: 7\n"
+    # two 256-token chunks shared by both prompts (chunk 1 is one file every prompt reads), one unique each
+    "workload: {prompts: 2, shared_prefix_tokens: 512, unique_tokens: 320, max_tokens: 8, concurrency: 1}\n"
+    "chaos: {faults: [], actions: [clear_l1, reset_prefix_cache]}\n")
+
+
+def _experiment(tmp_path: Path, stack_file: Path, reports: Path, **changes) -> Path:
+    """compose/attach/ctk-experiment.yaml (what a user copies) on this stack, with the small scenario above."""
+    yaml = YAML()
+    doc = yaml.load((REPO / "compose" / "attach" / "ctk-experiment.yaml").read_text())
+    scenario = tmp_path / "ctk-scenario.yaml"
+    scenario.write_text(CTK_SCENARIO)
+    doc["configuration"].update({"kvdrill_stack": str(stack_file), "kvdrill_scenario": str(scenario),
+                                 "kvdrill_reports_dir": str(reports)})
+    for key, value in changes.items():
+        if value is None:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+    path = tmp_path / f"experiment-{len(list(tmp_path.glob('experiment-*')))}.yaml"
+    with path.open("w") as fh:
+        yaml.dump(doc, fh)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _kvdrill_runs(reports: Path, kind: str) -> list[Path]:
+    return sorted(p for p in reports.glob(f"*-ctk-{kind}-*") if p.is_dir())
+
+
+def test_a_chaos_toolkit_experiment_holds_on_the_clean_stack_and_deviates_under_a_zeroed_chunk(
+        user_stack, installed_wheel, tmp_path):
+    stack_file, _, _ = user_stack
+    kvdrill, work, env = installed_wheel
+    reports = ARTIFACTS / "attach" / "ctk"
+    experiment = _experiment(tmp_path, stack_file, reports)
+    journal, log = tmp_path / "ctk-journal.json", tmp_path / "chaostoolkit.log"
+    proc = subprocess.run([str(kvdrill.parent / "chaos"), "--log-file", str(log), "run", "--journal-path",
+                           str(journal), str(experiment)], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    ctk = json.loads(journal.read_text())
+    # CTK's verdict: the hypothesis held before the fault and not after it; the rollback ran and succeeded
+    assert proc.returncode == 1 and ctk["deviated"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ctk["steady_states"]["before"]["steady_state_met"], ctk["steady_states"]["before"]
+    after = ctk["steady_states"]["after"]
+    assert not after["steady_state_met"] and after["probes"][0]["output"] is False, after
+    [injected] = ctk["run"]
+    assert injected["status"] == "succeeded" and injected["output"]["verdict"] == "held", injected
+    [rolled] = ctk["rollbacks"]
+    assert rolled["status"] == "succeeded" and rolled["output"]["healed"][0]["undone"], rolled
+    # kvdrill's side: the clean check passed with a hit rate the tolerance read; the held run proved its fault
+    before_check, after_check = _kvdrill_runs(reports, "check")[-2:]
+    assert json.loads((before_check / "verdict.json").read_text())["verdict"] == "pass"
+    assert ctk["steady_states"]["before"]["probes"][1]["output"] >= 0.5
+    [steady] = _events(after_check, "steady_state")
+    assert steady["data"]["verdict"] == "fail", steady  # the cached answers were wrong, first diff in its report
+    held = Path(injected["output"]["run_dir"])
+    assert _events(held, "faults.held") and all(e["data"]["effective"] for e in _events(held, "fault.verified"))
+    assert _events(held, "rollback.undone") and not _events(held, "rollback.failed")
+    [driven] = _events(held, "run.driven_by")
+    assert driven["data"]["tool"] == "chaostoolkit" and driven["data"]["chaostoolkit"]
+    assert held.name in log.read_text()  # chaostoolkit.log names the run to roll back by hand
+    # `chaos discover` finds the extension in the installed wheel (chaoslib imports its top-level `drills`)
+    found = tmp_path / "discovery.json"
+    subprocess.run([str(kvdrill.parent / "chaos"), "--log-file", str(log), "discover", "--no-install",
+                    "--no-system-info", "--discovery-path", str(found), "kvdrill"],
+                   cwd=work, env=env, check=True, capture_output=True, timeout=120)
+    assert {(a["type"], a["name"]) for a in json.loads(found.read_text())["activities"]} >= {
+        ("action", "inject"), ("action", "heal"), ("probe", "answers_token_identical"), ("probe", "hit_rate"),
+        ("probe", "leak_count")}
+    # the stack as found: every chunk file's bytes back, and what the engine loaded meanwhile flushed
+    [undo] = _events(held, "fault.undo")
+    assert all(_sha256(Path(r["path"])) == r["sha256"] for r in undo["data"]["restore"]), undo
+    assert {e["data"]["action"] for e in _events(held, "action") if e["data"].get("after") == "rollback"} == \
+        {"clear_l1", "reset_prefix_cache"}
+
+
+def test_an_interrupted_chaos_run_still_heals_the_held_chunk(user_stack, installed_wheel,
+                                                                                     tmp_path):
+    stack_file, _, _ = user_stack
+    kvdrill, work, env = installed_wheel
+    reports = ARTIFACTS / "attach" / "ctk-interrupted"
+    yaml = YAML()
+    method = yaml.load((REPO / "compose" / "attach" / "ctk-experiment.yaml").read_text())["method"]
+    method[0]["pauses"] = {"after": 600}  # the fault is held while chaos waits: then SIGTERM
+    experiment = _experiment(tmp_path, stack_file, reports, method=method, **{"steady-state-hypothesis": None})
+    journal, log = tmp_path / "ctk-journal.json", tmp_path / "chaostoolkit.log"
+    proc = subprocess.Popen([str(kvdrill.parent / "chaos"), "--log-file", str(log), "run", "--journal-path",
+                             str(journal), str(experiment)],
+                            cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        # the inject action returned (the fault held) and chaos waits in its pause: SIGTERM now
+        while not log.exists() or "Pausing after activity" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(1)
+        runs = _kvdrill_runs(reports, "hold")
+        held = runs[-1]
+        [undo] = _events(held, "fault.undo")
+        assert any(_sha256(Path(r["path"])) != r["sha256"] for r in undo["data"]["restore"])  # in effect now
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    ctk = json.loads(journal.read_text())
+    # chaos's default rollback strategy skips the rollbacks of an interrupted experiment: the kvdrill control
+    # heals what is still held as the experiment ends
+    assert ctk["status"] == "interrupted" and not ctk.get("rollbacks"), out[-3000:]
+    assert "still held and its rollbacks not played for them: healing them now" in log.read_text()
+    assert all(_sha256(Path(r["path"])) == r["sha256"] for r in undo["data"]["restore"])
+    assert _events(held, "rollback.undone") and not _events(held, "rollback.failed")
