@@ -82,8 +82,12 @@ def check(view: RunView, opts: LeaksCheck) -> CheckResult:
             details["shm_segments_before_baseline"] = before
 
     shm_events = [e for e in view.history.of_type("observe.shm") if e.phase != "down"]
-    if opts.server_mappings and shm_events:
-        first, last = shm_events[0], shm_events[-1]
+    # compared from the first sample that could read the server's mappings: the preflight one comes before
+    # the server is known (None), and an attached server may already map a segment of an engine stopped
+    # before this run, which is not this drill's leak
+    counted = [e for e in shm_events if e.data.get("lmcache_server_deleted_mappings") is not None]
+    if opts.server_mappings and counted:
+        first, last = counted[0], counted[-1]
         mapped = last.data.get("lmcache_server_deleted_mappings") or 0
         if mapped > (first.data.get("lmcache_server_deleted_mappings") or 0):
             grew = (last.data.get("shmem_bytes", 0) - first.data.get("shmem_bytes", 0)) / GIB

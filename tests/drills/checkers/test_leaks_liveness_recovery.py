@@ -76,6 +76,25 @@ def test_segments_a_suite_repair_left_before_the_baseline_are_reported_not_count
     assert "not counted: 1 /dev/shm segment(s) an earlier drill's engine left" in result.summary
 
 
+def test_a_mapping_the_attached_server_held_before_the_run_is_not_this_drills_leak(tmp_path: Path):
+    """The preflight shm sample comes before the server is known (no count); an attached server that already
+    maps a segment of an engine stopped before this run must not fail this drill. One more mapping does."""
+    def journal(name: str, counts: list[int | None]) -> leaks.CheckResult:
+        j = Journal(tmp_path / name)
+        for phase, mapped in zip(("preflight", "up", "steady", "chaos", "drain"), counts):
+            j.phase = phase
+            j.append("observe.shm", shmem_bytes=0, lmcache_server_deleted_mappings=mapped)
+            if phase == "steady":
+                j.append("observe.status", point="baseline", lmcache=COUNTS, engine_kv_usage=0.0)
+        _drain(j, COUNTS)
+        j.close()
+        return leaks.check(RunView(read_history(tmp_path / name)), LeaksCheck())
+
+    assert journal("before", [None, 1, 1, 1, 1]).verdict == "pass"
+    grew = journal("grew", [None, 1, 1, 2, 2])
+    assert grew.verdict == "fail" and "still maps 2 deleted KV segment(s)" in grew.summary
+
+
 def test_leaks_is_an_error_without_a_drain(tmp_path: Path):
     j = Journal(tmp_path)
     j.append("observe.status", point="baseline", lmcache=COUNTS)
