@@ -44,7 +44,7 @@ OracleSource = Literal["salted", "baseline", "both"]
 # stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
 # LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
 # (LMCacheConnectorV1, the Mooncake stacks) ignores the salt (defect D13), so there the baseline judges.
-SALT_HONOURED = ("sandbox", "sandbox-docker", "attach")  # attach: an LMCache MP stack (stackfile.py)
+SALT_HONOURED = ("sandbox", "sandbox-docker", "attach")  # attach: topology lmcache-mp (default_oracle)
 Action = Literal["clear_l1", "reset_prefix_cache", "restart_engine"]
 OnTimeout = Literal["abort", "continue"]
 
@@ -492,6 +492,12 @@ class Scenario(_Strict):
             self.stack.baseline = wants
         elif wants and not self.stack.baseline:
             raise ValueError(f"oracle: {self.oracle} needs the baseline engine, but stack.baseline is false")
+        if wants and self.stack.ref == "attach" and (declared := _attached_services(self.stack.file)) is not None \
+                and "baseline" not in declared:
+            raise ValueError(f"oracle: {self.oracle} needs a baseline engine, and stack file {self.stack.file} declares "
+                             "no services.baseline (a cache-less vLLM of the same model)"
+                             + (": its topology runs LMCache in-process, which ignores cache_salt (defect D13), so "
+                                "only a baseline can judge it" if default_oracle(self)[0] == "baseline" else ""))
         return self
 
 
@@ -499,10 +505,36 @@ class Scenario(_Strict):
 
 def default_oracle(sc: Scenario) -> tuple[OracleSource, str]:
     """The oracle a scenario gets when it names none, and why (journaled and shown in reports)."""
+    if sc.stack.ref == "attach" and _attached_topology(sc.stack.file) == "lmcache-mooncake":
+        return "baseline", ("the attached stack runs LMCache in-process (LMCacheConnectorV1, topology "
+                            "lmcache-mooncake), which ignores cache_salt (defect D13): a salted request could be "
+                            "served from the cache; its stack file's baseline judges")
     if sc.stack.ref not in SALT_HONOURED:
         return "baseline", (f"{sc.stack.ref} runs LMCache in-process (LMCacheConnectorV1), which ignores "
                             "cache_salt (defect D13): a salted request could be served from the cache")
     return "salted", f"{sc.stack.ref}'s LMCache MP server keys and counts lookups by cache_salt"
+
+
+def _attached(file: str | None) -> Any:
+    """The stack file (None when there is none or it cannot be read: its own validation says why)."""
+    if not file:
+        return None
+    from drills.stack.stackfile import StackFileError, load_stack_file
+
+    try:
+        return load_stack_file(file)
+    except StackFileError:
+        return None
+
+
+def _attached_topology(file: str | None) -> str | None:
+    f = _attached(file)
+    return f.topology if f is not None else None
+
+
+def _attached_services(file: str | None) -> list[str] | None:
+    f = _attached(file)
+    return list(f.services) if f is not None else None
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,10 @@ MASTER_VIEW = ("master_active_clients", "master_key_count", "master_total_capaci
 
 
 class StoreParams(ProcessParams):
-    service: Literal["store-a", "store-b", "mooncake-master", "fullest-contributor"] = Field(
-        description="a Mooncake contributor (store-a, store-b), the master (mooncake-master), or "
+    service: str = Field(
+        pattern=r"^(store-[a-z0-9][a-z0-9-]{0,30}|mooncake-master|fullest-contributor)$",
+        description="a Mooncake contributor (store-<name>: store-a and store-b on the sandbox stacks, the stack "
+                    "file's contributors on an attached one), the master (mooncake-master), or "
                     "fullest-contributor: whichever contributor's segment holds the most bytes when the fault "
                     "is planned (Mooncake chooses where objects go; a named one may hold none)")
     action: Literal["term", "kill", "stop", "restart"] = Field(

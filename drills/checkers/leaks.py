@@ -90,7 +90,7 @@ def check(view: RunView, opts: LeaksCheck) -> CheckResult:
         first, last = counted[0], counted[-1]
         mapped = last.data.get("lmcache_server_deleted_mappings") or 0
         if mapped > (first.data.get("lmcache_server_deleted_mappings") or 0):
-            grew = (last.data.get("shmem_bytes", 0) - first.data.get("shmem_bytes", 0)) / GIB
+            grew = (last.data.get("shmem_bytes", 0) - shm_events[0].data.get("shmem_bytes", 0)) / GIB
             leaks.append({"kind": "server_mapping", "ref": last.ref, "deleted_segments_mapped": mapped,
                           "text": f"the LMCache server still maps {mapped} deleted KV segment(s) of stopped engines; "
                                   f"host Shmem {grew:+.2f} GiB since the stack started"})

@@ -93,7 +93,7 @@ async def _flush(settings: Settings, run: Run) -> dict[str, Any]:
 
     from drills.journal import Journal
     from drills.scenario import StackSpec
-    from drills.stack.attach import AttachedStack
+    from drills.stack.attach import AttachRuntime
 
     wanted = _held_actions(run)
     if not wanted:
@@ -103,7 +103,7 @@ async def _flush(settings: Settings, run: Run) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-            stack = AttachedStack(StackSpec(ref="attach", file=str(settings.stack)), run.run_dir, journal, http)
+            stack = AttachRuntime.from_spec(StackSpec(ref="attach", file=str(settings.stack)), run.run_dir, journal, http)
             for action in wanted:
                 out[action] = await getattr(stack, action)()
                 journal.append("action", action=action, result=out[action], after="rollback")

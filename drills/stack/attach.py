@@ -12,9 +12,10 @@ it was found in. A service kvdrill started again is journaled as ``service.resta
 ``service.started``, and does not carry the run tag: ``kvdrill rollback`` never stops it, it belongs to
 the user's stack.
 
-The only topology attachable today is an LMCache MP server with an fs L2 and vLLM engines with
-``LMCacheMPConnector`` (the sandbox's shape), so everything that reads LMCache (its /status, its chunk
-keys, the L2 files) is the sandbox's, pointed at the declared URLs and paths.
+The runtime (:class:`AttachRuntime`) is composed with the topology the stack file declares: an LMCache MP
+server with vLLM engines on ``LMCacheMPConnector`` (:class:`AttachedStack`, the sandbox's shape), or vLLM
+with in-process LMCache on a Mooncake store (:class:`AttachedMooncakeStack`, the Mooncake sandbox's shape).
+What reads the cache is the topology's own code, pointed at the declared URLs and paths.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from drills.shipped import COMPOSE
 from drills.stack import ssh
 from drills.stack.api import Capability
 from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
+from drills.stack.mooncake import MooncakeStack, segments_by_service
 from drills.stack.process import (
     RunningService,
     ServiceDriver,
@@ -515,10 +517,14 @@ def _stop_remote(svc: RemoteService, sig: int, grace: float) -> list[str]:
     return sent
 
 
-class AttachedStack(SandboxStack):
+class AttachRuntime:
+    """The attach runtime, composed with a topology class (the sandbox's LMCache MP shape, or the Mooncake
+    shape): services found by the stack file instead of started, the stack file as the isolation
+    declaration, nothing stopped at ``down``. The topology class supplies what reads the cache (its status,
+    keys, stores); this supplies where everything is and how it is controlled."""
+
     ref = "attach"
     starts = "nothing: attaching to the stack file's services"
-    warms = "the attached LMCache's L1 and L2"
     topology_file = EXAMPLE
     proxy_names: ClassVar[tuple[str, ...]] = ()  # per stack file: see proxies_of
     kernel_links: ClassVar[tuple[str, ...]] = ()
@@ -526,33 +532,38 @@ class AttachedStack(SandboxStack):
     netns_plan: ClassVar[str | None] = None
     repairable = False  # its cache server and engine are the user's: never restarted to clean up after a drill
 
-    def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
-        self.stack_file = load_stack_file(options.file or "")
-        lm = self.stack_file.services["lmcache"]
-        # the chunk keys kvdrill computes must be the server's: its chunk size and hash algorithm
-        # (the scenario's other stack.lmcache and stack.engine options configure a stack kvdrill starts; the
-        # attached one is configured as its owner runs it, and stack.prepared records the stack file)
-        serde = lm.l2.serde if lm.l2 is not None else "none"
-        options = options.model_copy(update={"lmcache": options.lmcache.model_copy(
-            update={"chunk_size": lm.chunk_size, "l2_serde": serde, "l2_fs": None})})
-        super().__init__(options, run_dir, journal, http)
-        self.driver = AttachDriver(self.run_dir / "logs", journal, self.stack_file)
-        self.hash_algorithm = lm.hash_algorithm
+    # set by _attach (every attached stack) and by the topology class
+    stack_file: StackFile
+    driver: AttachDriver
+    run_dir: Path
+    journal: Journal
+    http: httpx.AsyncClient
+    options: Any
+    specs: dict[str, ServiceSpec]
+
+    def _attach(self, spec: StackSpec) -> None:
+        """What every attached stack holds, set after its topology class's constructor."""
+        self.stack_path = spec.file or ""
+        self.driver = AttachDriver(self.run_dir / "logs", self.journal, self.stack_file)
         self.served_model = self.stack_file.served_model
-        self.l2_dir = self.stack_file.l2_dir or self.run_dir / "stack" / "no-l2"
         self.with_baseline = "baseline" in self.stack_file.services
-        self.ports = {}
+        self.ports: dict[str, int] = {}
         self.found: dict[str, dict[str, Any]] = {}  # what up() found: compared with the state at down()
         tp = self.stack_file.services.get("toxiproxy")
         self.toxiproxy_token_file = Path(tp.token_file) if tp is not None and tp.token_file else None
         self._proxies: list[dict[str, Any]] = []
         self.log_commands: dict[str, Any] = {}  # name -> LogCommand, running from up() to down()
 
-    @classmethod
-    def from_spec(cls, spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> AttachedStack:
-        return cls(spec, run_dir, journal, http)
-
     # --- what is known before anything is touched -----------------------------------------------------
+
+    @classmethod
+    def for_file(cls, spec: StackSpec) -> type[AttachRuntime]:
+        """The class for the stack file's topology (``attach`` is one registry entry for every topology)."""
+        return TOPOLOGIES[load_stack_file(spec.file or "").topology]
+
+    @classmethod
+    def from_spec(cls, spec: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> AttachRuntime:
+        return cls.for_file(spec)(spec, run_dir, journal, http)  # type: ignore[call-arg]
 
     @classmethod
     def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
@@ -566,18 +577,21 @@ class AttachedStack(SandboxStack):
             Capability.SIGNAL: None if controlled else
             "every service is attached by URL only; declare a `control:` (pid or pidfile, and cmdline) or a "
             "`container:` for it",
-            Capability.CHUNK_FILES: None if f.l2_dir is not None else
-            "its lmcache service declares no L2; add `l2: {adapter: fs, path: ...}` to it",
             Capability.PROXIED_LINKS: None if "toxiproxy" in f.services else
             "it declares no toxiproxy service carrying a link",
             Capability.NAMESPACE_LINKS: "an attached stack lives in no network namespace kvdrill created; use "
                                         "backend: toxiproxy with a proxy the stack file declares",
-            Capability.RUN_FILESYSTEM: "its L2 is on the user's filesystem, which kvdrill never fills, remounts or "
-                                       "fails",
+            Capability.RUN_FILESYSTEM: "its KV tier is on the user's machines, whose filesystems kvdrill never fills, "
+                                       "remounts or fails",
             Capability.WEIGHT_SWAP: "its engine's model files are the user's; kvdrill swaps weights only in a "
                                     "model directory it made",
-            Capability.STORE_MASTER: "it runs no Mooncake store (topology lmcache-mp)",
+            **TOPOLOGIES[f.topology].topology_capabilities(f),
         }
+
+    @classmethod
+    def topology_capabilities(cls, f: StackFile) -> dict[Capability, str | None]:
+        """CHUNK_FILES and STORE_MASTER: what the topology's cache offers, as this stack file declares it."""
+        raise NotImplementedError
 
     @classmethod
     def proxies_of(cls, spec: StackSpec) -> tuple[str, ...]:
@@ -590,7 +604,7 @@ class AttachedStack(SandboxStack):
         does not declare, one reached by URL only, or one that would stay down (no start command)."""
         f = load_stack_file(spec.file or "")
         name = getattr(params, "service", None)
-        if injector != "process" or name is None:
+        if injector not in ("process", "store") or name is None or name == "fullest-contributor":
             return []
         where = f"stack {f.name} ({spec.file})"
         svc = f.services.get(name)
@@ -613,8 +627,9 @@ class AttachedStack(SandboxStack):
         self.specs = {name: ServiceSpec(name=name, argv=list(s.control.cmdline) if s.control else [], env={},
                                         health_url=self.stack_file.health_url(name), startup_deadline=300.0)
                       for name, s in self.stack_file.services.items()}
-        self.journal.append("stack.prepared", ref=self.ref, stack_file=str(self.options.file),
-                            stack=self.stack_file.model_dump(mode="json"), l2_dir=str(self.l2_dir))
+        self.journal.append("stack.prepared", ref=self.ref, topology=self.stack_file.topology,
+                            stack_file=str(self.stack_path), stack=self.stack_file.model_dump(mode="json"),
+                            l2_dir=str(self.stack_file.l2_dir) if self.stack_file.l2_dir else None)
 
     async def up(self) -> None:
         """Find every declared service, check its pid runs the declared command line and that it is healthy."""
@@ -674,7 +689,7 @@ class AttachedStack(SandboxStack):
             return []
         from drills.toxiproxy import ToxiproxyClient
 
-        async with ToxiproxyClient(self.url("toxiproxy"), token=self.toxiproxy_token()) as tp:
+        async with ToxiproxyClient(self.url("toxiproxy"), token=self.toxiproxy_token()) as tp:  # type: ignore[attr-defined]
             proxies = await tp.proxies()
         declared = self.stack_file.services["toxiproxy"].proxies
         missing = sorted(set(declared) - set(proxies))
@@ -710,10 +725,13 @@ class AttachedStack(SandboxStack):
         self.journal.append("stack.left_as_found", same=not differs, differs=differs,
                             restarted={n: s.pid for n, s in self.driver.services.items() if s.generation > 0})
 
+    def _close_store_probe(self) -> None:
+        """The topology's store probe, if it keeps one open (the LMCache MP shape's inotify watch)."""
+
     def url(self, name: str) -> str:
         if name not in self.stack_file.services:
             raise StackError(f"the stack file declares no {name} service")
-        return self.stack_file.services[name].url  # type: ignore[index]
+        return self.stack_file.services[name].url
 
     @property
     def proxies(self) -> list[dict[str, Any]]:
@@ -733,6 +751,39 @@ class AttachedStack(SandboxStack):
         return Owned(dirs=dirs, pgids={svc.pid for svc in self.driver.services.values()},
                      host_addresses=tp.reach if tp is not None else None)
 
+    async def reset_for_reuse(self) -> dict[str, Any]:
+        return {}  # the user's caches are not emptied between drills
+
+
+class AttachedStack(AttachRuntime, SandboxStack):
+    """``topology: lmcache-mp``: vLLM with LMCacheMPConnector and an LMCache MP server; everything that reads
+    LMCache (its /status, its chunk keys, the L2 files) is the sandbox's, pointed at the declared URLs and paths."""
+
+    warms = "the attached LMCache's L1 and L2"
+
+    def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        self.stack_file = load_stack_file(options.file or "")
+        lm = self.stack_file.services["lmcache"]
+        # the chunk keys kvdrill computes must be the server's: its chunk size and hash algorithm
+        # (the scenario's other stack.lmcache and stack.engine options configure a stack kvdrill starts; the
+        # attached one is configured as its owner runs it, and stack.prepared records the stack file)
+        serde = lm.l2.serde if lm.l2 is not None else "none"
+        options = options.model_copy(update={"lmcache": options.lmcache.model_copy(
+            update={"chunk_size": lm.chunk_size, "l2_serde": serde, "l2_fs": None})})
+        SandboxStack.__init__(self, options, run_dir, journal, http)
+        self._attach(options)
+        self.hash_algorithm = lm.hash_algorithm
+        self.l2_dir = self.stack_file.l2_dir or self.run_dir / "stack" / "no-l2"
+
+    @classmethod
+    def topology_capabilities(cls, f: StackFile) -> dict[Capability, str | None]:
+        return {Capability.CHUNK_FILES: None if f.l2_dir is not None else
+                "its lmcache service declares no L2; add `l2: {adapter: fs, path: ...}` to it",
+                Capability.STORE_MASTER: "it runs no Mooncake store (topology lmcache-mp)"}
+
+    def _close_store_probe(self) -> None:
+        SandboxStack._close_store_probe(self)
+
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
         """With a declared L2, the sandbox's wait (every full chunk has its file). Without one (the stack file
         leaves it out, or it is on another host), warm is done when LMCache reports no store in flight or
@@ -751,12 +802,71 @@ class AttachedStack(SandboxStack):
         return {"chunks": chunks, "files": None, "bytes": None,
                 "l2": "not declared in the stack file: chunk files not counted"}
 
-    async def reset_for_reuse(self) -> dict[str, Any]:
-        return {}  # the user's L1 and L2 are not emptied between drills
-
     async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0, clear_l1: bool = True) -> dict[str, Any]:
         """The oracle's salted L2 files go (the run wrote them); the user's L1 is never cleared for it."""
         return await super().drop_salted(salt_prefix, deadline_s, clear_l1=False)
+
+
+class AttachedMooncakeStack(AttachRuntime, MooncakeStack):
+    """``topology: lmcache-mooncake``: vLLM with LMCache in-process (LMCacheConnectorV1) whose remote tier is
+    a Mooncake master and its contributors, all the user's. What reads the store (the master's metrics, keys
+    and segments; LMCache's Stored/Retrieved lines in the engine's log) is the Mooncake sandbox's, pointed
+    at the declared URLs; the engine's log must be declared (a file, a log_command or a container's) for
+    the retrieved-token counters. In-process LMCache ignores cache_salt (defect D13), so the oracle is the
+    stack file's baseline."""
+
+    warms = "the attached Mooncake store through the engine's in-process LMCache"
+
+    def __init__(self, options: StackSpec, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
+        self.stack_file = load_stack_file(options.file or "")
+        # the engine's in-process LMCache chunks as the stack file says (warm counts distinct chunks by it)
+        opts = dataclasses.replace(MooncakeStack.options_from(options),
+                                   chunk_size=self.stack_file.services["engine"].chunk_size)
+        MooncakeStack.__init__(self, opts, run_dir, journal, http)
+        self._attach(options)
+
+    @classmethod
+    def topology_capabilities(cls, f: StackFile) -> dict[Capability, str | None]:
+        return {Capability.CHUNK_FILES: "its KV lives as Mooncake objects, not chunk files; kv_corrupt reaches "
+                                        "only an LMCache MP server's fs L2 (topology lmcache-mp)",
+                Capability.STORE_MASTER: None}
+
+    async def clear_l1(self) -> dict[str, Any]:
+        return {"status": "skipped", "reason": "LMCache runs inside the attached engine: no API clears its L1 "
+                                               "from outside (reset_prefix_cache empties vLLM's own cache)"}
+
+    @property
+    def contributor_names(self) -> tuple[str, ...]:
+        return tuple(self.stack_file.contributors)
+
+    async def contributor_segments(self) -> dict[str, dict[str, Any]]:
+        """Each running contributor's segment as the master reports it, named by service: matched by the ports
+        its processes listen on, read on the machine it runs on (``ss -Htlnp``, over SSH for another host)."""
+        from drills.stack.kernelnet import parse_ss_listeners
+
+        listeners: list[dict[str, Any]] = []
+        owners: dict[str, set[int]] = {}
+        hosts: set[Any] = set()
+        for name in self.contributor_names:
+            svc = self.driver.services.get(name)
+            if svc is None:
+                continue
+            owners[name] = svc.group()
+            hosts.add(self.stack_file.ssh_host(name))
+        for host in hosts:
+            if host is None:
+                out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, timeout=10).stdout
+            else:
+                try:
+                    _, raw, _ = await asyncio.to_thread(ssh.run, host, "ss -Htlnp")
+                except ssh.SshError as exc:
+                    raise StackError(f"cannot list {host.address}'s listeners (ss -Htlnp over SSH): {exc}") from exc
+                out = raw.decode(errors="replace")
+            listeners += parse_ss_listeners(out)
+        return segments_by_service(await self.segments(), listeners, owners)
+
+
+TOPOLOGIES: dict[str, type[AttachRuntime]] = {"lmcache-mp": AttachedStack, "lmcache-mooncake": AttachedMooncakeStack}
 
 
 def _comparable(state: dict[str, Any] | None) -> Any:
@@ -770,4 +880,4 @@ def remote_hosts(spec: StackSpec) -> list[str]:
     return load_stack_file(spec.file or "").remote_hosts() if spec.file else []
 
 
-__all__ = ["AttachedStack", "is_loopback", "remote_hosts"]
+__all__ = ["AttachRuntime", "AttachedMooncakeStack", "AttachedStack", "is_loopback", "remote_hosts"]

@@ -51,7 +51,7 @@ async def _get(http: httpx.AsyncClient, url: str, headers: dict[str, str] | None
 
 async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ...] = ()) -> CheckResult:
     from drills.stack import ssh
-    from drills.stack.attach import AttachedStack, cmdline_of, find_container, read_pid, read_remote_pid
+    from drills.stack.attach import AttachRuntime, cmdline_of, find_container, read_pid, read_remote_pid
     from drills.stack.process import StackError
     from injectors.base import registry
 
@@ -82,6 +82,8 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
             if name == "lmcache" and code == 200:
                 status_code, status, err = await _get(http, svc.url + "/status")
                 seen["status"] = {k: status.get(k) for k in list(status)[:12]} if isinstance(status, dict) else err
+            if name == "mooncake-master" and code == 200:
+                seen["master"] = await _master_view(http, svc.url)
             if name == "toxiproxy" and code == 200:
                 token = Path(svc.token_file).read_text().strip() if svc.token_file else None
                 _, proxies, _ = await _get(http, svc.url + "/proxies", api_headers(token))
@@ -133,14 +135,21 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
     l2 = stack.l2_dir
     if l2 is not None and not l2.is_dir():
         result.problems.append(f"lmcache: l2 path {l2} is not a directory on this host")
-    result.oracle = ({"mode": "salted", "why": "an LMCache MP server keys and counts lookups by cache_salt, so the "
-                      "engine's own answer with a fresh salt is a proven-cold reference"}
-                     | ({"also": "baseline: the stack file declares one (oracle: baseline or both)"}
-                        if "baseline" in stack.services else {}))
+    if stack.topology == "lmcache-mooncake":
+        result.oracle = {"mode": "baseline", "why": "LMCache in-process (LMCacheConnectorV1) ignores cache_salt "
+                         "(defect D13), so only a cache-less baseline engine can judge the answers"}
+        if "baseline" not in stack.services:
+            result.problems.append("baseline: a lmcache-mooncake stack needs one for the oracle (a cache-less vLLM "
+                                   "of the same model, declared as services.baseline)")
+    else:
+        result.oracle = ({"mode": "salted", "why": "an LMCache MP server keys and counts lookups by cache_salt, so "
+                          "the engine's own answer with a fresh salt is a proven-cold reference"}
+                         | ({"also": "baseline: the stack file declares one (oracle: baseline or both)"}
+                            if "baseline" in stack.services else {}))
     from drills.scenario import StackSpec
 
     spec = StackSpec(ref="attach", file=str(path.absolute()))
-    caps = AttachedStack.capabilities(spec)
+    caps = AttachRuntime.capabilities(spec)
     for family, cls in sorted(registry().items()):
         if family == "process":
             continue
@@ -151,6 +160,20 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
     params = registry()["process"].Params
     for name in stack.services:
         for action in ("stop", "term", "kill", "restart"):
-            why = AttachedStack.fault_problems(spec, "process", params(service=name, action=action))
+            why = AttachRuntime.fault_problems(spec, "process", params(service=name, action=action))
             result.faults[f"process {action} {name}"] = "yes" if not why else "no: " + why[0].split(": ", 1)[-1]
     return result
+
+
+async def _master_view(http: httpx.AsyncClient, url: str) -> dict[str, Any] | str:
+    """The Mooncake master's keys, segment owners and capacity, from its /metrics."""
+    from drills.observe.prom import parse, total
+
+    try:
+        r = await http.get(url + "/metrics", timeout=10)
+        r.raise_for_status()
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    m = parse(r.text, prefixes=("",))
+    return {k: total(m, k) for k in ("master_key_count", "master_active_clients", "master_total_capacity_bytes",
+                                      "master_allocated_bytes")}

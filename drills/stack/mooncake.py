@@ -142,6 +142,16 @@ class MooncakeStack(ProcessStack):
             Capability.STORE_MASTER: None,
         }
 
+    @classmethod
+    def fault_problems(cls, spec: StackSpec, injector: str, params: Any) -> list[str]:
+        """A contributor the sandbox does not run (its two are store-a and store-b)."""
+        name = getattr(params, "service", None)
+        if injector == "store" and name not in (*CONTRIBUTORS, "mooncake-master", "fullest-contributor"):
+            return [f"stack {spec.ref} has no contributor {name!r}; its contributors: {', '.join(CONTRIBUTORS)}"]
+        return []
+
+    contributor_names: tuple[str, ...] = CONTRIBUTORS  # the contributors contributor_segments names
+
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)
         self.options = options
@@ -385,7 +395,8 @@ class MooncakeStack(ProcessStack):
         ports in the stack's namespace."""
         if self.netns is None:
             raise StackError("the Mooncake stack is not up: no namespace to find its contributors in")
-        owners = {name: self.driver.services[name].group() for name in CONTRIBUTORS if name in self.driver.services}
+        owners = {name: self.driver.services[name].group() for name in self.contributor_names
+                  if name in self.driver.services}
         return segments_by_service(await self.segments(), KernelNet(self.netns).listeners(), owners)
 
 

@@ -7,9 +7,16 @@ touches must be one this file declares (``drills/isolation.py`` gets them from :
 It is validated like a scenario: every mistake with its file, line and the allowed values.
 
 A service's name is its role, because scenarios address services by role (``process: {service:
-engine}``, the ``restart_engine`` action, the salted oracle's engine): ``engine`` (vLLM with LMCache's
-MP connector), ``lmcache`` (the LMCache MP server), ``baseline`` (an optional cache-less vLLM of the same
-model) and ``toxiproxy`` (a Toxiproxy in the user's topology that carries the engine -> LMCache link).
+engine}``, the ``restart_engine`` action, the salted oracle's engine). Which roles a stack has is its
+``topology``:
+
+- ``lmcache-mp``: ``engine`` (vLLM with LMCache's MP connector) and ``lmcache`` (the LMCache MP server);
+- ``lmcache-mooncake``: ``engine`` (vLLM with LMCache in-process, ``LMCacheConnectorV1``, whose remote tier
+  is a Mooncake store), ``mooncake-master`` and its contributors ``store-<name>`` (``mooncake_client``
+  processes that hold the data);
+
+and in both, ``baseline`` (an optional cache-less vLLM of the same model) and ``toxiproxy`` (a Toxiproxy in
+the user's topology that carries a link of it).
 """
 
 from __future__ import annotations
@@ -18,17 +25,52 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from drills.durations import Duration
 from drills.inputs import MAX_STACK_FILE_BYTES, InputFileError, read_limited
 
-Role = Literal["engine", "lmcache", "baseline", "toxiproxy"]
-HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version"}
+Topology = Literal["lmcache-mp", "lmcache-mooncake"]
+# the roles each topology has, the ones it must have, and how a contributor is named
+ROLES: dict[str, tuple[str, ...]] = {
+    "lmcache-mp": ("engine", "lmcache", "baseline", "toxiproxy"),
+    "lmcache-mooncake": ("engine", "mooncake-master", "store-<name>", "baseline", "toxiproxy"),
+}
+REQUIRED: dict[str, tuple[str, ...]] = {"lmcache-mp": ("engine", "lmcache"),
+                                        "lmcache-mooncake": ("engine", "mooncake-master")}
+CONTRIBUTOR = re.compile(r"^store-[a-z0-9][a-z0-9-]{0,30}$")
+HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version",
+          "mooncake-master": "/health"}  # a contributor (store-*): /health on its --http_port
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_ALL_ROLES = ("engine", "lmcache", "baseline", "toxiproxy", "mooncake-master")
+
+
+def is_contributor(role: str) -> bool:
+    return bool(CONTRIBUTOR.match(role))
+
+
+def _role(v: str) -> str:
+    if v in _ALL_ROLES or is_contributor(v):
+        return v
+    allowed = ", ".join(repr(r) for r in (*_ALL_ROLES, "store-<name>"))
+    raise PydanticCustomError("role", f"{v!r} is not allowed; allowed values: {allowed}".replace("{", "{{"))
+
+
+Role = Annotated[str, AfterValidator(_role), WithJsonSchema({
+    "type": "string", "pattern": "^(" + "|".join(_ALL_ROLES) + r"|store-[a-z0-9][a-z0-9-]{0,30})$"})]
 
 
 class _Strict(BaseModel):
@@ -175,7 +217,8 @@ class Service(_Strict):
                                                                  "again through its Docker engine")
     # lmcache only
     l2: L2Spec | None = Field(None, description="lmcache only: its L2, where kv_corrupt finds chunks by prompt")
-    chunk_size: int = Field(256, ge=1, le=65536, description="lmcache only: its --chunk-size")
+    chunk_size: int = Field(256, ge=1, le=65536, description="lmcache: its --chunk-size; engine of an "
+                                                             "lmcache-mooncake stack: its LMCache config's chunk_size")
     hash_algorithm: Literal["blake3", "sha256_cbor", "builtin"] = Field(
         "blake3", description="lmcache only: its --hash-algorithm (how chunk keys are computed)")
     # toxiproxy only
@@ -212,16 +255,19 @@ class StackFile(_Strict):
     version: Literal[1] = Field(1, description="stack file format version")
     name: str = Field(description="what the stack is called in reports (lowercase letters, digits, . _ -)")
     description: str = ""
-    topology: Literal["lmcache-mp"] = Field(
+    topology: Topology = Field(
         "lmcache-mp", description="the KV shape: lmcache-mp (vLLM with LMCacheMPConnector and an LMCache MP "
-                                  "server with an fs L2); other shapes are not attachable yet")
+                                  "server, with an fs L2) or lmcache-mooncake (vLLM with LMCache in-process, "
+                                  "LMCacheConnectorV1, its remote tier a Mooncake master and contributors)")
     served_model: str = Field(description="the model name the engine serves (its --served-model-name)")
     model_path: str | None = Field(None, description="the engine's model directory on this host (its weights' "
                                                      "digest goes into the versions manifest)")
     hosts: dict[str, SshHost] = Field(default_factory=dict, description="other machines services run on, by "
                                                                         "name (a control's host: names one)")
-    services: dict[Role, Service] = Field(description="engine and lmcache are required; baseline and toxiproxy "
-                                                      "are optional")
+    services: dict[Role, Service] = Field(description="by role: lmcache-mp needs engine and lmcache; "
+                                                      "lmcache-mooncake needs engine, mooncake-master and at least "
+                                                      "one contributor store-<name>; baseline and toxiproxy are "
+                                                      "optional in both")
 
     @field_validator("name")
     @classmethod
@@ -232,10 +278,7 @@ class StackFile(_Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> StackFile:
-        missing = [r for r in ("engine", "lmcache") if r not in self.services]
-        if missing:
-            raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has an engine and "
-                             "an lmcache server")
+        self._check_topology()
         for role, svc in self.services.items():
             if svc.control is not None and svc.container is not None:
                 raise ValueError(f"services.{role}: give control: (a process) or container:, not both")
@@ -246,6 +289,12 @@ class StackFile(_Strict):
                                  "already follows through its engine; leave log_command out")
             if role != "lmcache" and svc.l2 is not None:
                 raise ValueError(f"services.{role}.l2: only the lmcache service has an L2")
+            if "chunk_size" in svc.model_fields_set and role != "lmcache" and not (
+                    role == "engine" and self.topology == "lmcache-mooncake"):
+                raise ValueError(f"services.{role}.chunk_size: only the lmcache server's (lmcache-mp) or the engine's "
+                                 "in-process LMCache (lmcache-mooncake) has a chunk size")
+            if "hash_algorithm" in svc.model_fields_set and role != "lmcache":
+                raise ValueError(f"services.{role}.hash_algorithm: only the lmcache service has one")
             if role != "toxiproxy" and (svc.proxies or svc.token_file or svc.host_addresses):
                 raise ValueError(f"services.{role}: proxies, token_file and host_addresses belong to the toxiproxy "
                                  "service")
@@ -271,6 +320,26 @@ class StackFile(_Strict):
             raise ValueError("services.toxiproxy.proxies: name at least one proxy and the link it carries")
         return self
 
+    def _check_topology(self) -> None:
+        allowed = ROLES[self.topology]
+        stray = [r for r in self.services if (r not in allowed) and not (is_contributor(r) and "store-<name>" in allowed)]
+        if stray:
+            raise ValueError(f"services: {', '.join(stray)} is no role of a {self.topology} stack; its roles: "
+                             f"{', '.join(allowed)}" + (" (or set topology: lmcache-mooncake)" if any(
+                                 r == "mooncake-master" or is_contributor(r) for r in stray) else ""))
+        missing = [r for r in REQUIRED[self.topology] if r not in self.services]
+        if self.topology == "lmcache-mooncake" and not self.contributors:
+            missing.append("a contributor store-<name>")
+        if missing:
+            what = {"lmcache-mp": "an engine and an lmcache server",
+                    "lmcache-mooncake": "an engine, a mooncake-master and the contributors that hold its data"}
+            raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has {what[self.topology]}")
+
+    @property
+    def contributors(self) -> list[str]:
+        """The Mooncake contributors (store-<name>) it declares, by name."""
+        return sorted(r for r in self.services if is_contributor(r))
+
     def _check_ssh_engine(self, role: str, svc: Service) -> None:
         user, address, port = svc.container.over_ssh  # type: ignore[union-attr,misc]
         named = [n for n, h in self.hosts.items() if (h.user, h.address, h.port) == (user, address, port)]
@@ -285,22 +354,22 @@ class StackFile(_Strict):
                              "(its chunk files would be read and written over SSH); leave l2: out")
 
     def health_url(self, role: str) -> str:
-        svc = self.services[role]  # type: ignore[index]
-        return svc.url + (svc.health or HEALTH[role])
+        svc = self.services[role]
+        return svc.url + (svc.health or HEALTH.get(role, "/health"))
 
     def controlled(self, role: str) -> bool:
-        svc = self.services.get(role)  # type: ignore[call-overload]
+        svc = self.services.get(role)
         return svc is not None and (svc.control is not None or svc.container is not None)
 
     def restartable(self, role: str) -> bool:
         """A fault that leaves it down can be healed: a container (``docker start``) or a declared start."""
-        svc = self.services.get(role)  # type: ignore[call-overload]
+        svc = self.services.get(role)
         return svc is not None and (svc.container is not None or (svc.control is not None and svc.control.start
                                                                     is not None))
 
     def ssh_host(self, role: str) -> SshHost | None:
         """The machine a service's declared process (or its container's engine) runs on, when it is not this one."""
-        svc = self.services.get(role)  # type: ignore[call-overload]
+        svc = self.services.get(role)
         if svc is not None and svc.container is not None:
             return self.engine_host(svc.container)
         name = svc.control.host if svc is not None and svc.control is not None else None
@@ -319,8 +388,8 @@ class StackFile(_Strict):
 
     @property
     def l2_dir(self) -> Path | None:
-        l2 = self.services["lmcache"].l2
-        return Path(l2.path) if l2 is not None else None
+        lm = self.services.get("lmcache")
+        return Path(lm.l2.path) if lm is not None and lm.l2 is not None else None
 
 
 def _wildcard(address: str) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from drills.journal import Journal, read_history
 from drills.scenario import StackSpec
+from drills.stack.api import Capability
 from drills.stack.attach import AttachDriver, AttachedStack, descendants
 from drills.stack.process import StackError, group_members, leader_runs
 from drills.stack.sandbox import free_port
@@ -150,3 +151,90 @@ def test_faults_the_stack_file_cannot_carry_are_refused_with_one_sentence(tmp_pa
     offered = AttachedStack.capabilities(spec)
     assert all(offered[c] is not None for c in offered if c.value in ("run_filesystem", "weight_swap", "store_master"))
     assert AttachedStack.proxies_of(spec) == ("lmcache",)
+
+
+MOONCAKE = ("name: mc\nserved_model: m\ntopology: lmcache-mooncake\nservices:\n"
+            "  engine: {url: 'http://127.0.0.1:8000', chunk_size: 128, log: /tmp/engine.log,\n"
+            "           control: {pid: 4242, cmdline: [vllm], start: {argv: [vllm]}}}\n"
+            "  baseline: {url: 'http://127.0.0.1:8001'}\n"
+            "  mooncake-master: {url: 'http://127.0.0.1:9003', control: {pid: 4250, cmdline: [mooncake_master]}}\n"
+            "  store-a: {url: 'http://127.0.0.1:9300', control: {pid: 4251, cmdline: [mooncake_client],"
+            " start: {argv: [mooncake_client]}}}\n"
+            "  store-b: {url: 'http://127.0.0.1:9301'}\n")
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "stack.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_mooncake_stack_file_names_its_master_and_contributors_and_gets_the_mooncake_topology(tmp_path):
+    from drills.stack.attach import AttachedMooncakeStack, AttachRuntime
+    from drills.stack.stackfile import load_stack_file
+    from injectors.store import StoreParams
+
+    path = _file(tmp_path, MOONCAKE)
+    f = load_stack_file(path)
+    assert f.contributors == ["store-a", "store-b"] and f.services["engine"].chunk_size == 128
+    assert f.health_url("store-b") == "http://127.0.0.1:9301/health" and f.l2_dir is None
+    spec = StackSpec(ref="attach", file=str(path))
+    assert AttachRuntime.for_file(spec) is AttachedMooncakeStack
+    offered = AttachRuntime.capabilities(spec)
+    assert offered[Capability.STORE_MASTER] is None and "Mooncake objects" in offered[Capability.CHUNK_FILES]
+
+    def problems(service: str, action: str) -> list[str]:
+        return AttachRuntime.fault_problems(spec, "store", StoreParams(service=service, action=action))
+
+    assert problems("store-a", "kill") == [] and problems("fullest-contributor", "kill") == []
+    [why] = problems("store-b", "kill")
+    assert "cannot `kill` service `store-b`: it is attached by URL only" in why
+    [why] = problems("mooncake-master", "kill")
+    assert "nothing could start it again" in why
+    [why] = problems("store-c", "stop")
+    assert "has no service 'store-c'" in why
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (MOONCAKE.replace("topology: lmcache-mooncake\n", ""),
+     "mooncake-master, store-a, store-b is no role of a lmcache-mp stack; its roles: engine, lmcache, baseline, "
+     "toxiproxy (or set topology: lmcache-mooncake)"),
+    (MOONCAKE.replace("  store-a:", "  lmcache: {url: 'http://127.0.0.1:6999'}\n  store-a:"),
+     "lmcache is no role of a lmcache-mooncake stack"),
+    ("\n".join(ln for ln in MOONCAKE.splitlines() if "store-" not in ln and "start: {argv: [mooncake_client]" not in ln)
+     + "\n", "a contributor store-<name> missing; a lmcache-mooncake stack has an engine, a mooncake-master and"),
+    (MOONCAKE.replace("  store-b:", "  store_b:"), "'store_b' is not allowed; allowed values: 'engine', 'lmcache'"),
+    (MOONCAKE.replace("  store-b: {url: 'http://127.0.0.1:9301'}", "  store-b: {url: 'http://127.0.0.1:9301', "
+                      "chunk_size: 64}"), "services.store-b.chunk_size: only the lmcache server's"),
+])
+def test_a_stack_file_whose_roles_do_not_fit_its_topology_is_refused_with_the_roles_it_has(tmp_path, text, says):
+    from drills.stack.stackfile import StackFileError, load_stack_file
+
+    with pytest.raises(StackFileError) as err:
+        load_stack_file(_file(tmp_path, text))
+    assert says in str(err.value) and str(tmp_path / "stack.yaml") in str(err.value)
+
+
+def test_the_oracle_of_an_attached_mooncake_stack_is_its_baseline_and_none_without_one_is_refused(tmp_path):
+    from drills.scenario import parse_scenario
+
+    path = _file(tmp_path, MOONCAKE)
+    text = f"name: s\nseed: 1\nstack: {{ref: attach, file: {path}}}\nworkload: {{prompts: 2}}\n"
+    sc = parse_scenario(text, tmp_path / "s.yaml").scenario
+    assert sc.oracle == "baseline" and sc.stack.baseline
+    path.write_text(MOONCAKE.replace("  baseline: {url: 'http://127.0.0.1:8001'}\n", ""))
+    with pytest.raises(Exception, match=r"oracle: baseline needs a baseline engine, and stack file .* declares no "
+                                        r"services.baseline .*ignores cache_salt \(defect D13\)"):
+        parse_scenario(text, tmp_path / "s.yaml")
+
+
+def test_the_mooncake_sandbox_refuses_a_contributor_it_does_not_run():
+    from drills.stack.mooncake import MooncakeStack
+    from injectors.store import StoreParams
+
+    spec = StackSpec(ref="sandbox-mooncake")
+    assert MooncakeStack.fault_problems(spec, "store", StoreParams(service="store-b", action="kill")) == []
+    [why] = MooncakeStack.fault_problems(spec, "store", StoreParams(service="store-c", action="kill"))
+    assert "has no contributor 'store-c'; its contributors: store-a, store-b" in why
+    with pytest.raises(ValueError, match="should match pattern"):
+        StoreParams(service="engine", action="kill")
