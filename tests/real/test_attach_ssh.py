@@ -21,12 +21,9 @@ SIGKILLed while it is frozen is undone by `kvdrill rollback` through the same en
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
-import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import time
@@ -36,8 +33,6 @@ import docker
 import pytest
 from ruamel.yaml import YAML
 
-from drills.stack.dockerd import unmount_under
-from drills.stack.images import base_image
 from drills.stack.sandbox import free_port
 
 from .conftest import ARTIFACTS, KVDRILL, REPO, run_kvdrill
@@ -56,91 +51,8 @@ from .test_attach import (
 
 pytestmark = pytest.mark.real
 
-SSHD = Path("/usr/sbin/sshd")
 LMCACHE_CONTAINER = "user-lmcache-1"
 LMCACHE_LABELS = {"org.example.stack": "user-stack", "org.example.service": "lmcache"}  # start.sh's
-
-
-def _sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, timeout=30)
-
-
-@pytest.fixture(scope="module")
-def ssh_host(tmp_path_factory):
-    """A network namespace with its own address and sshd: the 'other machine' (nothing outside this host)."""
-    if not SSHD.exists():
-        pytest.fail("openssh-server is not installed: `kvdrill setup` installs it (pins.toml apt)")
-    d = tmp_path_factory.mktemp("ssh-host")
-    tag = secrets.token_hex(3)
-    ns, veth_h, veth_n = f"kvd-sshhost-{tag}", f"kvs{tag}h", f"kvs{tag}n"
-    net = ipaddress.ip_network(f"10.253.{secrets.randbelow(250) + 1}.{4 * secrets.randbelow(60)}/30")
-    here, there = (str(a) for a in list(net.hosts())[:2])
-    # the other machine's own Docker engine: in its network namespace (nsenter --net, not `ip netns exec`,
-    # which remounts /sys and hides the cgroup mounts dockerd needs), with its own data root and a socket
-    # that its sshd hands every session as DOCKER_HOST, as a Docker host's default socket is its CLI's
-    engine_run = Path("/run") / f"kvd-rd-{tag}"
-    sshd = dockerd = None
-    try:
-        _sh("ip", "netns", "add", ns)
-        _sh("ip", "link", "add", veth_h, "type", "veth", "peer", "name", veth_n)
-        _sh("ip", "link", "set", veth_n, "netns", ns)
-        _sh("ip", "addr", "add", f"{here}/30", "dev", veth_h)
-        _sh("ip", "link", "set", veth_h, "up")
-        _sh("ip", "-n", ns, "addr", "add", f"{there}/30", "dev", veth_n)
-        _sh("ip", "-n", ns, "link", "set", veth_n, "up")
-        _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        for key in ("host_key", "client_key"):
-            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"kvdrill-test-{key}", "-f", str(d / key))
-        (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
-        (d / "known_hosts").write_text(f"{there} {(d / 'host_key.pub').read_text().split(' ')[0]} "
-                                       f"{(d / 'host_key.pub').read_text().split(' ')[1]}\n")
-        (d / "sshd_config").write_text(
-            f"ListenAddress {there}\nPort 22\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
-            f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-            f"AcceptEnv none\nSetEnv DOCKER_HOST=unix://{engine_run / 'docker.sock'}\n")
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-        sshd = subprocess.Popen(["ip", "netns", "exec", ns, str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
-                                stdout=(d / "sshd.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        ssh = ["ssh", "-i", str(d / "client_key"), "-o", f"UserKnownHostsFile={d / 'known_hosts'}",
-               "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"root@{there}"]
-        deadline = time.monotonic() + 30
-        while subprocess.run([*ssh, "true"], capture_output=True, timeout=30).returncode != 0:
-            assert time.monotonic() < deadline and sshd.poll() is None, (d / "sshd.log").read_text()
-            time.sleep(0.5)
-        engine_run.mkdir(mode=0o700)
-        dockerd = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{ns}", "dockerd", "--data-root", str(d / "docker-root"),
-             "--exec-root", str(engine_run / "exec"), "--pidfile", str(d / "dockerd.pid"),
-             "-H", f"unix://{engine_run / 'docker.sock'}", "--bridge=none", "--iptables=false", "--ip6tables=false"],
-            stdout=(d / "dockerd.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                engine = docker.DockerClient(base_url=f"unix://{engine_run / 'docker.sock'}", timeout=60)
-                break
-            except docker.errors.DockerException:
-                assert time.monotonic() < deadline and dockerd.poll() is None, (d / "dockerd.log").read_text()[-2000:]
-                time.sleep(0.5)
-        # an image without a Python: the LMCache container runs this machine's interpreter and venv, mounted
-        image = base_image(engine)
-        yield {"dir": d, "address": there, "ssh": ssh, "ns": ns, "engine": engine, "image": image}
-    finally:
-        if sshd is not None:
-            os.killpg(sshd.pid, signal.SIGTERM)
-            sshd.wait(timeout=30)
-        if dockerd is not None:
-            os.killpg(dockerd.pid, signal.SIGTERM)
-            try:
-                dockerd.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(dockerd.pid, signal.SIGKILL)
-                dockerd.wait(timeout=30)
-            unmount_under(engine_run)
-            unmount_under(d / "docker-root")
-            shutil.rmtree(engine_run, ignore_errors=True)
-        subprocess.run(["ip", "link", "del", veth_h], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 @pytest.fixture(scope="module")
