@@ -29,6 +29,7 @@ from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario, default_oracle
 from drills.stack import mooncake
 from drills.stack.api import StackKind, capability_gaps, stack_kind
+from drills.stack.stackfile import is_contributor
 from injectors.store import FULLEST
 
 RUN_ID = "<run-id>"  # chosen at run time (timestamp + random suffix: a name, never a choice the drill acts on)
@@ -236,13 +237,15 @@ def _process(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 def _store(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     # the rule resolves only on the live stack: plan as for the first contributor, then say which it may be
     rule = p.service == FULLEST
-    _process(fp, p.model_copy(update={"service": mooncake.CONTRIBUTORS[0]}) if rule else p, sc, view)
+    contributors = [n for n in view.services if is_contributor(n)] if view.attached else list(mooncake.CONTRIBUTORS)
+    _process(fp, p.model_copy(update={"service": contributors[0]}) if rule else p, sc, view)
     if fp.targets and rule:
-        fp.targets[0]["service"] = (f"{' or '.join(mooncake.CONTRIBUTORS)}: whichever segment holds the most "
+        fp.targets[0]["service"] = (f"{' or '.join(contributors)}: whichever segment holds the most "
                                     "bytes when the fault is planned")
     if fp.targets:
         fp.targets[0]["master_metrics_url"] = (
-            f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics" if view.netns
+            view.urls["mooncake-master"] + "/metrics" if view.attached
+            else f"http://{NETNS_HOST}:{mooncake.NETNS_PORTS['master_metrics']}/metrics" if view.netns
             else "http://127.0.0.1:<free port>/metrics")
 
 

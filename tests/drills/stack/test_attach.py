@@ -238,3 +238,17 @@ def test_the_mooncake_sandbox_refuses_a_contributor_it_does_not_run():
     assert "has no contributor 'store-c'; its contributors: store-a, store-b" in why
     with pytest.raises(ValueError, match="should match pattern"):
         StoreParams(service="engine", action="kill")
+
+
+def test_the_dry_run_of_a_contributor_kill_on_an_attached_mooncake_stack_names_its_contributors_and_master(tmp_path):
+    from drills.dryrun import build_plan
+    from drills.scenario import parse_scenario
+
+    path = _file(tmp_path, MOONCAKE)
+    text = (f"name: s\nseed: 1\nstack: {{ref: attach, file: {path}}}\nworkload: {{prompts: 2}}\nchaos:\n  faults:\n"
+            "    - {injector: store, params: {service: fullest-contributor, action: kill}}\n")
+    plan = build_plan(parse_scenario(text, tmp_path / "s.yaml"))
+    [target] = plan["faults"][0]["targets"]
+    assert target["service"].startswith("store-a or store-b: whichever segment")
+    assert target["master_metrics_url"] == "http://127.0.0.1:9003/metrics"
+    assert plan["oracle"]["mode"] == "baseline"
