@@ -95,8 +95,10 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     if sc.stack.file is not None:
         return _attached_view(sc, reports_dir)
     doc = YAML(typ="safe", pure=True).load(read_text_limited(kind.topology_file, MAX_COMPOSE_FILE_BYTES, "stack file"))
-    # local stacks name a program (argv); the container stack a compose command run in its image
-    services = {name: {"netns": bool(raw.get("netns")), "program": _program(raw.get("argv") or raw["command"])}
+    # local stacks (stack files, runtime processes) name a program (start.argv); the container stack a compose
+    # command run in its image
+    services = {name: {"netns": bool(raw.get("netns")),
+                       "program": _program((raw.get("start") or {}).get("argv") or raw["command"])}
                 for name, raw in doc["services"].items() if name != "baseline" or sc.stack.baseline is not False}
     run_dir = reports_dir / RUN_ID
     l2, volume = kind.planned_l2(sc.stack, run_dir)

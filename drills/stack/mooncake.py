@@ -230,7 +230,7 @@ class MooncakeStack(ProcessStack):
             "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
             "netns": self.netns.name, "ns_addr": self.netns.ns_addr,
             **{f"port_{k}": v for k, v in self.ports.items()},
-            "client_ttl": opts.client_ttl, "segment_size": opts.segment_size,
+            "client_ttl": opts.client_ttl, "segment_size": opts.segment_size, "chunk_size": opts.chunk_size,
             "kv_cache_space_gb": opts.kv_cache_space_gb, "max_model_len": opts.max_model_len,
             "shutdown_timeout": opts.shutdown_timeout,
             "prefix_caching_flag": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+from pydantic import ValidationError
 from ruamel.yaml import YAML
 
-from drills.durations import parse_duration
 from drills.inputs import MAX_COMPOSE_FILE_BYTES, read_text_limited
 from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
@@ -36,6 +36,7 @@ from drills.stack.base import SERVED_MODEL, TOXIPROXY_TOKEN, ProcessStack
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
+from drills.stack.stackfile import StackFile
 from drills.triggers import StoreProbe
 
 COMPOSE_FILE = COMPOSE / "sandbox" / "stack.yaml"
@@ -50,26 +51,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def render_services(compose_file: Path, variables: dict[str, Any]) -> dict[str, ServiceSpec]:
-    """Fill the {placeholders}; a service with ``netns: true`` runs in the namespace named by ``variables["netns"]``."""
-    doc = YAML(typ="safe", pure=True).load(read_text_limited(compose_file, MAX_COMPOSE_FILE_BYTES, "stack file"))
+def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
+    """A built-in stack file (the public format, runtime processes) with its {placeholders} filled for one run,
+    then validated as any stack file is. An argv word that renders empty is left out."""
+    doc = YAML(typ="safe", pure=True).load(read_text_limited(path, MAX_COMPOSE_FILE_BYTES, "stack file"))
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.format(**variables)
+        if isinstance(value, list):
+            return [w for w in (fill(v) for v in value) if w != ""]
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        return value
+
+    try:
+        return StackFile.model_validate(fill(doc))
+    except ValidationError as exc:  # a kvdrill bug (its own file and variables), said with the fields
+        raise StackError(f"{path}, rendered for this run, is not a valid stack file: {exc}") from exc
+
+
+def service_specs(stack: StackFile, netns: str | None = None) -> dict[str, ServiceSpec]:
+    """What the process driver starts for a ``runtime: processes`` stack file: each service's start command,
+    health URL, deadline and order; a service with ``netns: true`` runs in the namespace ``netns``."""
     specs = {}
-    for name, raw in doc["services"].items():
-        fmt = lambda s: str(s).format(**variables)  # noqa: E731
-        if raw.get("netns") and not variables.get("netns"):
-            raise StackError(f"service {name} in {compose_file} has netns: true but the stack created no namespace")
-        specs[name] = ServiceSpec(
-            name=name,
-            argv=[fmt(a) for a in raw["argv"] if fmt(a) != ""],
-            env={k: fmt(v) for k, v in (raw.get("env") or {}).items()},
-            health_url=fmt(raw["health"]),
-            startup_deadline=parse_duration(fmt(raw.get("startup_deadline", "120s"))),
-            depends_on=list(raw.get("depends_on") or []),
-            after_start=list(raw.get("after_start") or []),
-            netns=str(variables["netns"]) if raw.get("netns") else None,
-            stop_leader_first=raw.get("stop", "group") == "leader",
-        )
+    for name, svc in stack.services.items():
+        start = svc.start
+        if start is None:
+            raise StackError(f"service {name} of stack {stack.name} has no start: (runtime {stack.runtime})")
+        if svc.netns and not netns:
+            raise StackError(f"service {name} of stack {stack.name} has netns: true but the stack created no namespace")
+        specs[name] = ServiceSpec(name=name, argv=list(start.argv), env=dict(start.env),
+                                  health_url=stack.health_url(name), startup_deadline=float(start.startup_deadline),
+                                  depends_on=list(svc.depends_on), after_start=list(svc.after_start),
+                                  netns=str(netns) if svc.netns else None, stop_leader_first=svc.stop == "leader")
     return specs
+
+
+def render_services(path: Path, variables: dict[str, Any]) -> dict[str, ServiceSpec]:
+    """A built-in stack file's services for one run (``variables["netns"]``: the namespace it created, if any)."""
+    return service_specs(render_stack_file(path, variables), variables.get("netns"))
 
 
 def write_toxiproxy_config(directory: Path, proxies: list[dict[str, Any]]) -> Path:
@@ -249,6 +270,7 @@ class SandboxStack(ProcessStack):
             "shutdown_timeout": eng.shutdown_timeout,
             "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False else "--no-enable-prefix-caching",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
+            "l2_dir": self.l2_dir, "l2_serde": lm.l2_serde,
         }
         self._variables = variables
         self.specs = self._wanted(render_services(COMPOSE_FILE, variables))

@@ -215,6 +215,21 @@ class Service(_Strict):
                                                              "(and no container:): reached by URL only")
     container: ContainerControl | None = Field(None, description="or: a container kvdrill may signal and start "
                                                                  "again through its Docker engine")
+    # runtime: processes (kvdrill starts every service, and stops it after the drill)
+    start: StartSpec | None = Field(None, description="runtime processes: how kvdrill starts it (its own session, "
+                                                      "tagged with the run, output into the run's logs/ unless "
+                                                      "start.log names a file), and starts it again after a fault")
+    depends_on: list[str] = Field(default_factory=list, description="runtime processes: started once these answer "
+                                                                    "their health URL")
+    after_start: list[str] = Field(default_factory=list, description=(
+        "runtime processes: started once these were started, without waiting for their health (a vLLM engine "
+        "imports for 10-20 s before it first talks to its cache server)"))
+    stop: Literal["group", "leader"] = Field("group", description=(
+        "runtime processes: how it is stopped: its whole process group at once, or its leader alone first (a "
+        "service that stops its own children in its order, as vLLM's API server does), then the group"))
+    netns: bool = Field(False, description="runtime processes: run it inside the network namespace the stack kind "
+                                           "creates for the run (kvdrill's Mooncake stack: listeners that bind "
+                                           "0.0.0.0 whatever their flags stay there)")
     # lmcache only
     l2: L2Spec | None = Field(None, description="lmcache only: its L2, where kv_corrupt finds chunks by prompt")
     chunk_size: int = Field(256, ge=1, le=65536, description="lmcache: its --chunk-size; engine of an "
@@ -259,6 +274,10 @@ class StackFile(_Strict):
         "lmcache-mp", description="the KV shape: lmcache-mp (vLLM with LMCacheMPConnector and an LMCache MP "
                                   "server, with an fs L2) or lmcache-mooncake (vLLM with LMCache in-process, "
                                   "LMCacheConnectorV1, its remote tier a Mooncake master and contributors)")
+    runtime: Literal["attach", "processes"] = Field(
+        "attach", description="attach: the services run already, kvdrill finds them (by URL, pid or container) and "
+                              "leaves them as it found them; processes: kvdrill starts every service by its "
+                              "start: on this host for the drill, and stops it after")
     served_model: str = Field(description="the model name the engine serves (its --served-model-name)")
     model_path: str | None = Field(None, description="the engine's model directory on this host (its weights' "
                                                      "digest goes into the versions manifest)")
@@ -279,6 +298,7 @@ class StackFile(_Strict):
     @model_validator(mode="after")
     def _shape(self) -> StackFile:
         self._check_topology()
+        self._check_runtime()
         for role, svc in self.services.items():
             if svc.control is not None and svc.container is not None:
                 raise ValueError(f"services.{role}: give control: (a process) or container:, not both")
@@ -334,6 +354,26 @@ class StackFile(_Strict):
             what = {"lmcache-mp": "an engine and an lmcache server",
                     "lmcache-mooncake": "an engine, a mooncake-master and the contributors that hold its data"}
             raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has {what[self.topology]}")
+
+    def _check_runtime(self) -> None:
+        started_fields = ("start", "depends_on", "after_start", "stop", "netns")
+        for role, svc in self.services.items():
+            if self.runtime == "processes":
+                if svc.start is None:
+                    raise ValueError(f"services.{role}.start: runtime processes starts every service; give its argv")
+                if svc.control is not None or svc.container is not None:
+                    raise ValueError(f"services.{role}: runtime processes starts the service itself; control: and "
+                                     "container: belong to runtime attach")
+                unknown = [d for d in (*svc.depends_on, *svc.after_start) if d not in self.services]
+                if unknown:
+                    raise ValueError(f"services.{role}: depends_on/after_start name {', '.join(unknown)}, which the "
+                                     f"file does not declare ({', '.join(self.services)})")
+            elif given := [k for k in started_fields if k in svc.model_fields_set]:
+                raise ValueError(f"services.{role}: {', '.join(given)} belong to runtime processes (kvdrill starts "
+                                 "the service); an attached service is started again by control.start")
+        if self.runtime == "processes" and self.hosts:
+            raise ValueError("hosts: runtime processes starts its services on this host; another machine's services "
+                             "are attached (runtime attach, control.host)")
 
     @property
     def contributors(self) -> list[str]:

@@ -48,9 +48,9 @@ def test_vllm_flags_match_the_local_sandbox():
     def flags(argv):
         return {a for a in argv if str(a).startswith("--")}
     for name in ("engine", "baseline"):
-        assert flags(SERVICES[name]["command"]) == flags(LOCAL[name]["argv"])
-        assert set(SERVICES[name]["environment"]) == set(LOCAL[name]["env"])
-    assert flags(SERVICES["lmcache"]["command"]) == flags(LOCAL["lmcache"]["argv"])
+        assert flags(SERVICES[name]["command"]) == flags(LOCAL[name]["start"]["argv"])
+        assert set(SERVICES[name]["environment"]) == set(LOCAL[name]["start"]["env"])
+    assert flags(SERVICES["lmcache"]["command"]) == flags(LOCAL["lmcache"]["start"]["argv"])
 
 
 @pytest.fixture

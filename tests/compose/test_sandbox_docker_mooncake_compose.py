@@ -55,9 +55,9 @@ def test_mooncake_and_vllm_flags_match_the_process_stack():
     def flags(argv):
         return {str(a).split("=")[0] for a in argv if str(a).startswith("--")}
     for name in ("mooncake-master", "store-a", "store-b", "engine", "baseline", "toxiproxy"):
-        assert flags(SERVICES[name]["command"]) == flags(LOCAL[name]["argv"]), name
+        assert flags(SERVICES[name]["command"]) == flags(LOCAL[name]["start"]["argv"]), name
     for name in ("engine", "baseline"):
-        assert set(SERVICES[name]["environment"]) == set(LOCAL[name]["env"]), name
+        assert set(SERVICES[name]["environment"]) == set(LOCAL[name]["start"]["env"]), name
 
 
 @pytest.fixture
