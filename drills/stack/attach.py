@@ -44,6 +44,7 @@ from drills.stack.api import Capability
 from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
 from drills.stack.mooncake import MooncakeStack, segments_by_service
 from drills.stack.process import (
+    ProcessDriver,
     RunningService,
     ServiceDriver,
     ServiceSpec,
@@ -54,7 +55,7 @@ from drills.stack.process import (
     remove_shm_of,
     terminate_group,
 )
-from drills.stack.sandbox import SandboxStack
+from drills.stack.sandbox import SandboxStack, service_specs
 from drills.stack.stackfile import ContainerControl, ProcessControl, SshHost, StackFile, is_loopback, load_stack_file
 
 EXAMPLE = COMPOSE / "attach" / "my-stack.yaml"
@@ -518,10 +519,12 @@ def _stop_remote(svc: RemoteService, sig: int, grace: float) -> list[str]:
 
 
 class AttachRuntime:
-    """The attach runtime, composed with a topology class (the sandbox's LMCache MP shape, or the Mooncake
-    shape): services found by the stack file instead of started, the stack file as the isolation
-    declaration, nothing stopped at ``down``. The topology class supplies what reads the cache (its status,
-    keys, stores); this supplies where everything is and how it is controlled."""
+    """A stack its user's stack file declares, composed with a topology class (the sandbox's LMCache MP shape,
+    or the Mooncake shape). The file's ``runtime`` says how its services are had: ``attach``, found by URL,
+    pid or container and left as found (nothing stopped at ``down``); ``processes``, started by kvdrill from
+    each service's ``start`` with the process driver the built-in stacks use, and stopped at ``down``. Either
+    way the stack file is the isolation declaration. The topology class supplies what reads the cache (its
+    status, keys, stores); this supplies where everything is and how it is controlled."""
 
     ref = "attach"
     starts = "nothing: attaching to the stack file's services"
@@ -544,7 +547,8 @@ class AttachRuntime:
     def _attach(self, spec: StackSpec) -> None:
         """What every attached stack holds, set after its topology class's constructor."""
         self.stack_path = spec.file or ""
-        self.driver = AttachDriver(self.run_dir / "logs", self.journal, self.stack_file)
+        self.driver = (ProcessDriver(self.run_dir / "logs", self.journal) if self.started
+                       else AttachDriver(self.run_dir / "logs", self.journal, self.stack_file))
         self.served_model = self.stack_file.served_model
         self.with_baseline = "baseline" in self.stack_file.services
         self.ports: dict[str, int] = {}
@@ -553,6 +557,11 @@ class AttachRuntime:
         self.toxiproxy_token_file = Path(tp.token_file) if tp is not None and tp.token_file else None
         self._proxies: list[dict[str, Any]] = []
         self.log_commands: dict[str, Any] = {}  # name -> LogCommand, running from up() to down()
+
+    @property
+    def started(self) -> bool:
+        """kvdrill starts (and stops) the services: the stack file's runtime is processes."""
+        return self.stack_file.runtime == "processes"
 
     # --- what is known before anything is touched -----------------------------------------------------
 
@@ -572,7 +581,7 @@ class AttachRuntime:
     @classmethod
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
         f = load_stack_file(spec.file or "")
-        controlled = [n for n in f.services if f.controlled(n)]
+        controlled = [n for n in f.services if f.controlled(n) or f.runtime == "processes"]
         return {
             Capability.SIGNAL: None if controlled else
             "every service is attached by URL only; declare a `control:` (pid or pidfile, and cmdline) or a "
@@ -610,6 +619,8 @@ class AttachRuntime:
         svc = f.services.get(name)
         if svc is None:
             return [f"{where} has no service {name!r}; it declares: {', '.join(f.services)}"]
+        if f.runtime == "processes":
+            return []  # kvdrill started it, and starts it again after a fault by its start:
         action = {"stop": "freeze", "cont": "thaw"}.get(params.action, params.action)
         if not f.controlled(name):
             return [f"{where} cannot `{action}` service `{name}`: it is attached by URL only; declare a `control:` "
@@ -622,19 +633,29 @@ class AttachRuntime:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Nothing is laid out on the user's side: the journal records which stack file this run attached."""
+        """Nothing is laid out on the user's side: the journal records which stack file this run attached (or
+        started: the process driver's specs are the file's start commands)."""
         self.run_dir.joinpath("stack").mkdir(parents=True, exist_ok=True)
-        self.specs = {name: ServiceSpec(name=name, argv=list(s.control.cmdline) if s.control else [], env={},
-                                        health_url=self.stack_file.health_url(name), startup_deadline=300.0)
-                      for name, s in self.stack_file.services.items()}
+        if self.started:
+            self.specs = service_specs(self.stack_file)
+        else:
+            self.specs = {name: ServiceSpec(name=name, argv=list(s.control.cmdline) if s.control else [], env={},
+                                            health_url=self.stack_file.health_url(name), startup_deadline=300.0)
+                          for name, s in self.stack_file.services.items()}
         self.journal.append("stack.prepared", ref=self.ref, topology=self.stack_file.topology,
                             stack_file=str(self.stack_path), stack=self.stack_file.model_dump(mode="json"),
                             l2_dir=str(self.stack_file.l2_dir) if self.stack_file.l2_dir else None)
 
     async def up(self) -> None:
-        """Find every declared service, check its pid runs the declared command line and that it is healthy."""
+        """Find every declared service, check its pid runs the declared command line and that it is healthy
+        (runtime processes: start every service in its order until it is healthy)."""
         if not self.specs:
             self.prepare()
+        if self.started:
+            await self.driver.start_all(self.specs, self.http, Path(self.stack_path))
+            self._proxies = await self._read_proxies()
+            self.journal.append("stack.started_from_file", stack=self.stack_file.name)
+            return
         problems: dict[str, str] = {}
         for name in self.stack_file.services:
             if self.stack_file.controlled(name):
@@ -713,8 +734,12 @@ class AttachRuntime:
 
     async def down(self) -> None:
         """Stop nothing; say whether the stack is as it was found (healthy services, proxies without the
-        run's toxics, the same pids unless a fault's heal started a service again)."""
+        run's toxics, the same pids unless a fault's heal started a service again). Runtime processes: stop
+        every service kvdrill started."""
         self._close_store_probe()
+        if self.started:
+            await self.driver.stop_all()
+            return
         self._stop_log_commands()
         try:
             now = await self.state_now()

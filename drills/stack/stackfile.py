@@ -217,8 +217,9 @@ class Service(_Strict):
                                                                  "again through its Docker engine")
     # runtime: processes (kvdrill starts every service, and stops it after the drill)
     start: StartSpec | None = Field(None, description="runtime processes: how kvdrill starts it (its own session, "
-                                                      "tagged with the run, output into the run's logs/ unless "
-                                                      "start.log names a file), and starts it again after a fault")
+                                                      "tagged with the run, in the run's logs/ directory, its "
+                                                      "output into logs/<service>.log), and starts it again after "
+                                                      "a fault")
     depends_on: list[str] = Field(default_factory=list, description="runtime processes: started once these answer "
                                                                     "their health URL")
     after_start: list[str] = Field(default_factory=list, description=(
@@ -364,6 +365,10 @@ class StackFile(_Strict):
                 if svc.control is not None or svc.container is not None:
                     raise ValueError(f"services.{role}: runtime processes starts the service itself; control: and "
                                      "container: belong to runtime attach")
+                if svc.start.cwd is not None or svc.start.log is not None or svc.log or svc.log_command:
+                    raise ValueError(f"services.{role}: runtime processes runs the service in the run's logs/ "
+                                     "directory, its output into logs/<service>.log; leave start.cwd, start.log, "
+                                     "log and log_command out")
                 unknown = [d for d in (*svc.depends_on, *svc.after_start) if d not in self.services]
                 if unknown:
                     raise ValueError(f"services.{role}: depends_on/after_start name {', '.join(unknown)}, which the "

