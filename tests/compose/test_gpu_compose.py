@@ -121,3 +121,27 @@ def test_the_shipped_stack_file_names_the_compose_files_containers_ports_and_l2(
     assert cpu_kv["lmcache.mp.port"] == _port(PROXIES["lmcache"]["listen"])
     assert _flag(CPU["lmcache"]["command"], "--chunk-size") == _flag(SERVICES["lmcache"]["command"], "--chunk-size")
     assert {n: s.get("container_name") for n, s in CPU.items() if "container_name" in s} == {}  # names stay the base's
+
+
+def test_the_mooncake_profiles_stack_file_names_its_services_ports_and_proxy():
+    """compose/gpu/stack-mooncake.yaml attaches to the `mooncake` profile: each service found by the compose
+    labels of the runbook's project, at the port the compose file gives it."""
+    from drills.stack.stackfile import load_stack_file
+
+    f = load_stack_file(GPU / "stack-mooncake.yaml")
+    assert f.topology == "lmcache-mooncake" and f.contributors == ["store-a", "store-b"]
+    services = {"engine": "engine-mooncake", "mooncake-master": "mooncake-master", "store-a": "store-a",
+                "store-b": "store-b"}
+    for role, service in services.items():
+        assert "mooncake" in SERVICES[service]["profiles"]
+        assert f.services[role].container.labels == {"com.docker.compose.project": "kvd-gpu",
+                                                     "com.docker.compose.service": service}
+    assert f.services["engine"].url.endswith(":" + _flag(SERVICES["engine-mooncake"]["command"], "--port"))
+    assert f.services["mooncake-master"].url.endswith(":" + _flag(SERVICES["mooncake-master"]["command"],
+                                                                  "--metrics_port"))
+    for store in ("store-a", "store-b"):
+        assert f.services[store].url.endswith(":" + _flag(SERVICES[store]["command"], "--http_port"))
+    assert f.services["baseline"].container.name == SERVICES["baseline"]["container_name"]
+    assert set(f.services["toxiproxy"].proxies) == {"mooncake-master"} <= set(PROXIES)
+    assert f.services["engine"].chunk_size == YAML(typ="safe").load((GPU / "lmcache-mooncake.yaml").read_text())["chunk_size"]
+    assert f.served_model == _flag(SERVICES["engine-mooncake"]["command"], "--served-model-name")
