@@ -446,6 +446,8 @@ def _vet_process(rec: Any, state: RunState, tagged: dict[int, str], argv_of: dic
         return "undo is not an object"
     if str(rec.get("docker_host", "")).startswith("ssh://"):
         return _vet_remote_container(rec, state)
+    if str(rec.get("docker_host", "")).startswith("tcp://") and rec.get("attached"):
+        return _vet_api_container(rec, state)
     if rec.get("ssh") is not None:
         return _vet_remote(rec, state)
     if rec.get("action") == "start" and rec.get("attached"):
@@ -505,6 +507,24 @@ def _vet_remote_container(rec: dict[str, Any], state: RunState) -> str | None:
         return "container record without a container id"
     if rec.get("action") == "start":
         return _vet_health_url(rec, want["ssh"].get("address"))
+    return None
+
+
+def _vet_api_container(rec: dict[str, Any], state: RunState) -> str | None:
+    """A container on an engine reached by its API port (``tcp://``): the container, the engine and its TLS
+    files must be the ones the run's stack file on disk declares for that service."""
+    want = state.attached_starts.get(str(rec.get("service"))) or {}
+    declared = want.get("container") or {}
+    if (not _same_container(declared, rec) or declared.get("docker_host") != rec.get("docker_host")
+            or declared.get("tls") != rec.get("tls") or not rec.get("api_only")):
+        return ("the container, its engine or its TLS files are not the ones the run's stack file (as it is on disk, "
+                "owned by you and writable by no one else) declares for this service: not contacted")
+    if not isinstance(rec.get("container_id"), str):
+        return "container record without a container id"
+    if rec.get("action") == "start":
+        host = urlsplit(str(rec["docker_host"])).hostname
+        return _loopback_url(rec.get("health_url")) if _loopback_url(f"http://{host}") is None \
+            else _vet_health_url(rec, host)
     return None
 
 

@@ -228,8 +228,9 @@ def _start_attached_container(record: dict[str, Any], report: HealReport) -> Hea
         report.already_healed.append(f"{service} answers {url} (it runs again)")
         return report
     try:
-        container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"]),
-                                  _ssh_host(record)).containers.get(record["container_id"])
+        declared = ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"],
+                                    tls=record.get("tls"))
+        container = docker_client(declared, _ssh_host(record)).containers.get(record["container_id"])
         changed = _not_as_declared(container, record)
         if changed:
             report.failed.append(f"{service}: container {record['container_id'][:12]} {changed}; not started")
@@ -256,6 +257,8 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
     from drills.stack.containers import container_pids
 
     service, pid = record.get("service"), record.get("pgid")
+    if record.get("api_only"):
+        return _unpause(record, report)
     host = _ssh_host(record)  # an engine on another machine: its container's pids are that machine's
     if host is None and str(record.get("docker_host", "")).startswith("ssh://"):
         report.failed.append(f"{service}: {record['docker_host']} without the machine's SSH declaration; not contacted")
@@ -297,6 +300,30 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
     where = f" on {host.address}" if host is not None else ""
     (report.undone if stopped else report.already_healed).append(
         f"SIGCONT to {service} container {container.name}{where} ({len(stopped)} stopped process(es))")
+    return report
+
+
+def _unpause(record: dict[str, Any], report: HealReport) -> HealReport:
+    """A container on an engine reached by its API port (``tcp://``), frozen by ``docker pause``: unpaused
+    through the same engine, while it still runs the recorded main pid."""
+    from drills.stack.attach import docker_client
+    from drills.stack.stackfile import ContainerControl
+
+    service, pid = record.get("service"), record.get("pgid")
+    try:
+        container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"],
+                                                    tls=record.get("tls"))).containers.get(record["container_id"])
+    except Exception as exc:  # noqa: BLE001 - engine or container gone: nothing is frozen any more
+        report.already_healed.append(f"{service}: container {record['container_id'][:12]} not reachable ({exc})")
+        return report
+    state = container.attrs.get("State", {})
+    if not state.get("Running") or state.get("Pid") != pid:
+        report.already_healed.append(f"{service}: container no longer runs pid {pid}; not unpaused")
+    elif not state.get("Paused"):
+        report.already_healed.append(f"{service}: container {container.name} is not paused")
+    else:
+        container.unpause()
+        report.undone.append(f"docker unpause {container.name} ({service}) on {record['docker_host']}")
     return report
 
 

@@ -21,7 +21,9 @@ What reads the cache is the topology's own code, pointed at the declared URLs an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -236,6 +238,75 @@ class RemoteService(RunningService):
                          name=f"ssh-log-{self.spec.name}-{self.generation}").start()
 
 
+@dataclass
+class ApiContainer(AttachedContainer):
+    """A declared container on an engine reached by its API port (``docker_host: tcp://``): its processes are
+    the engine machine's, which neither /proc here nor SSH reaches, so the container is acted on as a whole
+    through the engine, and the engine's own state is the proof: SIGSTOP is ``docker pause`` (the cgroup
+    freezer) and SIGCONT ``docker unpause``, any other signal ``docker kill -s`` to its main process, and its
+    one "process" is its main pid, stopped (T) while the engine says Paused, gone once it says not Running."""
+
+    def group(self) -> set[int]:
+        with contextlib.suppress(docker_errors().APIError):
+            self.container.reload()
+        state = self.container.attrs.get("State", {})
+        return {self.pid} if state.get("Running") and int(state.get("Pid") or 0) == self.pid else set()
+
+    def states(self, pids: set[int]) -> dict[int, str]:
+        if self.pid not in pids or not self.group():
+            return {}
+        return {self.pid: "T" if self.container.attrs.get("State", {}).get("Paused") else "S"}
+
+    def signal(self, sig: int) -> None:
+        errors = docker_errors()
+        try:
+            if sig == signal.SIGSTOP:
+                self.container.pause()
+            elif sig == signal.SIGCONT:
+                self.container.reload()
+                if self.container.attrs.get("State", {}).get("Paused"):
+                    self.container.unpause()
+            else:
+                self.container.kill(signal=signal.Signals(sig).name)
+        except errors.APIError as exc:
+            raise ProcessLookupError(f"container {self.container.name}: {exc.explanation or exc}") from exc
+
+    def signal_rest(self, sig: int, pids: set[int]) -> None:
+        """Nothing: the engine acts on the container as a whole."""
+
+    def undo_target(self) -> dict[str, Any]:
+        tls = self.declared.tls if self.declared is not None else None
+        return {**super().undo_target(), "api_only": True,
+                **({"tls": tls.model_dump(mode="json")} if tls is not None else {})}
+
+
+@functools.cache
+def _tls_api_class() -> type:
+    import docker
+
+    class StackFileTlsApi(docker.APIClient):
+        """An API client that ignores the environment's proxies and CA bundle: requests lets REQUESTS_CA_BUNDLE
+        or CURL_CA_BUNDLE override a session's own CA (psf/requests#3829), so the engine's CA the stack file
+        names would be ignored wherever those are set (they are here), and an engine's API port is never
+        reached through a proxy."""
+
+        @property
+        def trust_env(self) -> bool:
+            return False
+
+        @trust_env.setter
+        def trust_env(self, value: bool) -> None:
+            pass
+
+    return StackFileTlsApi
+
+
+def docker_errors():
+    import docker
+
+    return docker.errors
+
+
 def read_remote_pid(host: SshHost, control: ProcessControl) -> int:
     if control.pid is not None:
         return control.pid
@@ -255,6 +326,17 @@ def docker_client(declared: ContainerControl, host: SshHost | None = None):
 
     import docker
 
+    if declared.over_tcp is not None:
+        tls = None
+        if declared.tls is not None:
+            tls = docker.tls.TLSConfig(client_cert=(declared.tls.cert, declared.tls.key), ca_cert=declared.tls.ca,
+                                       verify=True)
+        try:
+            client = docker.DockerClient.__new__(docker.DockerClient)
+            client.api = _tls_api_class()(base_url=declared.docker_host, timeout=60, tls=tls)
+            return client
+        except docker.errors.DockerException as exc:
+            raise StackError(f"cannot reach the Docker engine {declared.docker_host}: {exc}") from exc
     if declared.over_ssh is not None:
         if host is None:
             raise StackError(f"{declared.docker_host}: no machine under hosts: to reach it through")
@@ -395,12 +477,14 @@ class AttachDriver(ServiceDriver):
                            health_url=health_url, startup_deadline=300.0)
         log_path = self.log_dir / f"{name}.log"
         kind = {"host": host} if host is not None else {}
-        svc = (RemoteContainer if host is not None else AttachedContainer)(
-            spec=spec, container=container, log_path=log_path, generation=generation, started_at=time.monotonic(),
-            pid=pid, popen=ContainerExit(container), docker_host=declared.docker_host, declared=declared, **kind)
+        cls = RemoteContainer if host is not None else ApiContainer if declared.over_tcp else AttachedContainer
+        svc = cls(spec=spec, container=container, log_path=log_path, generation=generation, started_at=time.monotonic(),
+                  pid=pid, popen=ContainerExit(container), docker_host=declared.docker_host, declared=declared, **kind)
         try:
             svc.members = svc.group()
-            ticks = ssh.start_ticks(host, pid) if host is not None else start_ticks(pid)
+            # a tcp:// engine's pids are its machine's: the engine's start time stands for the process's
+            ticks = (ssh.start_ticks(host, pid) if host is not None
+                     else state.get("StartedAt") if declared.over_tcp else start_ticks(pid))
         except ssh.SshError as exc:
             raise StackError(f"{name}: {exc}") from exc
         svc._follower = threading.Thread(target=_follow_logs, args=(container, log_path, int(time.time())),
@@ -486,6 +570,8 @@ class AttachDriver(ServiceDriver):
                 cleaned = await asyncio.to_thread(ssh.remove_shm_named_after, svc.host, members - svc.group())
             except ssh.SshError as exc:
                 cleaned = [{"error": str(exc)}]
+        elif isinstance(svc, ApiContainer):  # its pids are the engine machine's, whose /dev/shm is not reachable
+            cleaned = [{"skipped": f"the /dev/shm of {svc.docker_host}'s machine is not reachable through its API"}]
         else:
             cleaned = remove_shm_of(members, self.shm_before)
         del self.services[name]

@@ -118,7 +118,10 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
             elif svc.container is not None:
                 engine = stack.engine_host(svc.container)
                 seen["control"] = (f"container {svc.container.describe} on {svc.container.docker_host}"
-                                   + (" over SSH (docker system dial-stdio there)" if engine else "") + " (docker start)")
+                                   + (" over SSH (docker system dial-stdio there)" if engine else "")
+                                   + (" through its API" + (" over TLS" if svc.container.tls else " (unencrypted)")
+                                      + ": paused, signalled and started as a whole"
+                                      if svc.container.over_tcp else "") + " (docker start)")
                 try:
                     container = find_container(svc.container, engine)
                     state = container.attrs.get("State", {})

@@ -124,6 +124,15 @@ class ProcessControl(_Strict):
         return self
 
 
+class DockerTls(_Strict):
+    """A ``tcp://`` engine's TLS, as the docker CLI's DOCKER_TLS_VERIFY with DOCKER_CERT_PATH: the engine's CA
+    and this client's certificate and key (files on this host)."""
+
+    ca: str = Field(description="the CA certificate the engine's certificate is checked against (ca.pem)")
+    cert: str = Field(description="this client's certificate (cert.pem)")
+    key: str = Field(description="this client's private key (key.pem)")
+
+
 class ContainerControl(_Strict):
     """A container on a Docker engine that kvdrill may signal, freeze, stop and start again (its runtime is
     its supervisor: ``docker start`` is how a killed one comes back, so no start command is needed)."""
@@ -137,9 +146,14 @@ class ContainerControl(_Strict):
     docker_host: str = Field(default_factory=lambda: _docker_host_from_env(), validate_default=True,
                              description="the engine that runs it: a unix:// socket on this host (default: "
                                          "$DOCKER_HOST, as the docker CLI reads it, else "
-                                         "unix:///var/run/docker.sock), or ssh://USER@ADDRESS[:PORT], the engine "
+                                         "unix:///var/run/docker.sock), ssh://USER@ADDRESS[:PORT], the engine "
                                          "of a machine under hosts: (reached as the docker CLI reaches it: "
-                                         "`docker system dial-stdio` there, with that host's key files)")
+                                         "`docker system dial-stdio` there, with that host's key files), or "
+                                         "tcp://ADDRESS:PORT, an engine's API port (with tls: where it asks for "
+                                         "it), through which the container is signalled, paused and started "
+                                         "as a whole")
+    tls: DockerTls | None = Field(None, description="tcp:// only: the engine's TLS; omitted, the API is reached "
+                                                    "unencrypted")
 
     @field_validator("docker_host")
     @classmethod
@@ -152,14 +166,25 @@ class ContainerControl(_Strict):
                 raise ValueError("expected ssh://USER@ADDRESS or ssh://USER@ADDRESS:PORT (the account and the "
                                  "machine, declared under hosts:)")
             return v.rstrip("/")
-        raise ValueError("expected unix:///path (an engine on this host) or ssh://USER@ADDRESS[:PORT] (one on a "
-                         "machine under hosts:); a tcp:// engine is not supported: its containers' processes "
-                         "could be neither read nor signalled, so no fault on them could prove itself")
+        if v.startswith("tcp://"):
+            parts = urlsplit(v)
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if not parts.hostname or port is None or parts.username or parts.path not in ("", "/") or parts.query:
+                raise ValueError("expected tcp://ADDRESS:PORT (the engine's API address and port, e.g. "
+                                 "tcp://10.0.0.7:2376)")
+            return v.rstrip("/")
+        raise ValueError("expected unix:///path (an engine on this host), ssh://USER@ADDRESS[:PORT] (one on a "
+                         "machine under hosts:) or tcp://ADDRESS:PORT (an engine's API port)")
 
     @model_validator(mode="after")
     def _one_way_to_find_it(self) -> ContainerControl:
         if (self.name is None) == (not self.labels):
             raise ValueError("give exactly one of name: or labels:")
+        if self.tls is not None and self.over_tcp is None:
+            raise ValueError("tls: belongs to a tcp:// docker_host")
         return self
 
     @property
@@ -177,6 +202,14 @@ class ContainerControl(_Strict):
     @property
     def socket(self) -> Path:
         return Path(self.docker_host.removeprefix("unix://"))
+
+    @property
+    def over_tcp(self) -> tuple[str, int] | None:
+        """(address, port) of a ``tcp://`` engine; None otherwise."""
+        if not self.docker_host.startswith("tcp://"):
+            return None
+        parts = urlsplit(self.docker_host)
+        return parts.hostname or "", parts.port or 0
 
     @property
     def over_ssh(self) -> tuple[str, str, int] | None:
@@ -321,6 +354,13 @@ class StackFile(_Strict):
                                  "service")
             if svc.container is not None and svc.container.over_ssh is not None:
                 self._check_ssh_engine(role, svc)
+            if svc.container is not None and (tcp := svc.container.over_tcp) is not None:
+                if svc.host != tcp[0] and not (is_loopback(svc.host) and is_loopback(tcp[0])):
+                    raise ValueError(f"services.{role}: its container runs on the engine at {tcp[0]}, but its url "
+                                     f"names {svc.host}")
+                if svc.l2 is not None and not is_loopback(tcp[0]):
+                    raise ValueError(f"services.{role}.l2: an L2 on another host is not reachable by kv_corrupt yet "
+                                     "(its chunk files would be read and written there); leave l2: out")
             remote = svc.control.host if svc.control is not None else None
             if remote is not None:
                 if remote not in self.hosts:
@@ -333,7 +373,7 @@ class StackFile(_Strict):
                     raise ValueError(f"services.{role}.l2: an L2 on another host is not reachable by kv_corrupt yet "
                                      "(its chunk files would be read and written over SSH); leave l2: out")
             elif (svc.control or svc.container) is not None and not is_loopback(svc.host) and not (
-                    svc.container is not None and svc.container.over_ssh is not None):
+                    svc.container is not None and (svc.container.over_ssh or svc.container.over_tcp) is not None):
                 raise ValueError(f"services.{role}: a pid or container control without host: means this host, but "
                                  f"its url names {svc.host} (declare the machine under hosts: and name it in "
                                  "control.host)")

@@ -538,3 +538,52 @@ def test_a_chunk_in_an_attached_stacks_declared_l2_is_restored_and_nothing_outsi
         assert any("not under the run's directories" in i.what for i in report.of("failed"))
     else:
         assert report.ok and _sha(chunk) == original and [i.what for i in report.of("undone")] == [str(chunk)]
+
+
+@pytest.mark.parametrize("forged", [None, "another engine", "other tls files", "another container"])
+def test_a_container_on_a_tcp_engine_is_contacted_only_as_the_stack_file_on_disk_declares_it(tmp_path, forged):
+    """A container declared on an engine's API port (tcp://): rollback unpauses it through that engine only when
+    the record names the declared container, engine and TLS files; the declared one is contacted (nothing
+    listens on the address here, so it is reported unreachable: nothing frozen is left to it)."""
+    from drills.stack.stackfile import load_stack_file
+
+    tls = {"ca": str(tmp_path / "ca.pem"), "cert": str(tmp_path / "cert.pem"), "key": str(tmp_path / "key.pem")}
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\nservices:\n  engine: {url: 'http://127.0.0.1:8000'}\n"
+                     "  lmcache:\n    url: http://127.0.0.1:9\n"
+                     f"    container: {{name: lm-1, docker_host: 'tcp://127.0.0.1:1', tls: {tls}}}\n")
+    stack.chmod(0o644)
+    record = {"action": "cont", "service": "lmcache", "pgid": 4242, "attached": True, "container": "lm-1",
+              "container_id": "0123456789ab", "docker_host": "tcp://127.0.0.1:1", "api_only": True, "tls": tls,
+              "health_url": "http://127.0.0.1:9/healthcheck"}
+    if forged == "another engine":
+        record["docker_host"] = "tcp://127.0.0.1:2"
+    elif forged == "other tls files":
+        record["tls"] = {**tls, "key": "/tmp/forged-key.pem"}
+    elif forged == "another container":
+        record["container"] = "someone_elses_db_1"
+    report = _rolled_back_attached(tmp_path, stack, load_stack_file(stack), record)
+    if forged is None:
+        assert any("not reachable" in i.what for i in report.of("already_healed")), report.items
+    else:
+        assert not report.ok and any("its TLS files are not the ones the run's stack file" in i.what
+                                     for i in report.of("failed")), report.items
+
+
+@pytest.mark.parametrize(("container", "says"), [
+    ("{name: lm-1, docker_host: 'tcp://10.0.0.7'}", "expected tcp://ADDRESS:PORT"),
+    ("{name: lm-1, docker_host: 'unix:///var/run/docker.sock', tls: {ca: a, cert: b, key: c}}",
+     "tls: belongs to a tcp:// docker_host"),
+    ("{name: lm-1, docker_host: 'tcp://10.0.0.8:2376'}", "its container runs on the engine at 10.0.0.8, but its url "
+                                                         "names 10.0.0.7"),
+])
+def test_a_tcp_engine_is_declared_with_its_port_on_the_services_own_machine(tmp_path, container, says):
+    from drills.stack.stackfile import StackFileError, load_stack_file
+
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("name: t\nserved_model: m\nservices:\n  engine: {url: 'http://127.0.0.1:8000'}\n"
+                     f"  lmcache: {{url: 'http://10.0.0.7:9', container: {container}}}\n")
+    with pytest.raises(StackFileError, match=says):
+        load_stack_file(stack)
+    stack.write_text(stack.read_text().replace(container, "{name: lm-1, docker_host: 'tcp://10.0.0.7:2376'}"))
+    assert load_stack_file(stack).remote_hosts() == ["10.0.0.7"]

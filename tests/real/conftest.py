@@ -160,6 +160,28 @@ def installed_wheel(tmp_path_factory):
 SSHD = Path("/usr/sbin/sshd")
 
 
+def _docker_tls(d: Path, address: str) -> Path:
+    """A CA, a server certificate for ``address`` and a client certificate (openssl), as `dockerd --tlsverify`
+    and a client with DOCKER_TLS_VERIFY use them: ca.pem, server-cert.pem/server-key.pem, cert.pem/key.pem."""
+    d.mkdir()
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=d)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kvdrill-test-ca",
+        "-keyout", "ca-key.pem", "-out", "ca.pem")
+    for name, ext in (("server", f"subjectAltName=IP:{address}\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=kvdrill-test-{name}",
+            "-keyout", f"{name}-key.pem", "-out", f"{name}.csr")
+        ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}-cert.pem")
+    (d / "client-cert.pem").rename(d / "cert.pem")
+    (d / "client-key.pem").rename(d / "key.pem")
+    return d
+
+
 def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
@@ -214,10 +236,15 @@ def ssh_host(tmp_path_factory):
             assert time.monotonic() < deadline and sshd.poll() is None, (d / "sshd.log").read_text()
             time.sleep(0.5)
         engine_run.mkdir(mode=0o700)
+        # the engine also answers on its API port over TLS (tcp://ADDRESS:2376), as a Docker host whose engine
+        # is reached with DOCKER_TLS_VERIFY is: a CA, the engine's certificate for its address, a client's
+        tls = _docker_tls(d / "docker-tls", there)
         dockerd = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{ns}", "dockerd", "--data-root", str(d / "docker-root"),
              "--exec-root", str(engine_run / "exec"), "--pidfile", str(d / "dockerd.pid"),
-             "-H", f"unix://{engine_run / 'docker.sock'}", "--bridge=none", "--iptables=false", "--ip6tables=false"],
+             "-H", f"unix://{engine_run / 'docker.sock'}", "-H", f"tcp://{there}:2376", "--tlsverify",
+             "--tlscacert", str(tls / "ca.pem"), "--tlscert", str(tls / "server-cert.pem"),
+             "--tlskey", str(tls / "server-key.pem"), "--bridge=none", "--iptables=false", "--ip6tables=false"],
             stdout=(d / "dockerd.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         while True:
@@ -229,7 +256,9 @@ def ssh_host(tmp_path_factory):
                 time.sleep(0.5)
         # an image without a Python: the LMCache container runs this machine's interpreter and venv, mounted
         image = base_image(engine)
-        yield {"dir": d, "address": there, "ssh": ssh, "ns": ns, "engine": engine, "image": image}
+        yield {"dir": d, "address": there, "ssh": ssh, "ns": ns, "engine": engine, "image": image,
+               "tcp": f"tcp://{there}:2376", "tls": {"ca": str(tls / "ca.pem"), "cert": str(tls / "cert.pem"),
+                                                     "key": str(tls / "key.pem")}}
     finally:
         if sshd is not None:
             os.killpg(sshd.pid, signal.SIGTERM)

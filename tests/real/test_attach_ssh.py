@@ -277,3 +277,41 @@ def _states_of(ssh_host: dict, pids: set[int]) -> list[str]:
     out = subprocess.run([*ssh_host["ssh"], "ps -o stat= -p " + ",".join(map(str, sorted(pids)))],
                          capture_output=True, text=True, timeout=30).stdout
     return out.split()
+
+
+def test_a_cache_server_container_reached_by_its_engines_tls_api_port_is_paused_and_rolled_back(
+        remote_stack, ssh_host, tmp_path):
+    """The same container declared on the other machine's engine by its API port (``tcp://ADDRESS:2376`` with
+    the engine's TLS files): no process of it is read or signalled from here, the freeze is `docker pause`
+    proven by the engine's Paused state, and a kvdrill SIGKILLed while it holds is undone by `kvdrill rollback`
+    with `docker unpause` through the same engine, as the stack file on disk declares it."""
+    stack_file, d, urls, there = remote_stack
+    doc = YAML(typ="safe").load(stack_file.read_text())
+    doc["services"]["lmcache"]["container"] = {"labels": LMCACHE_LABELS, "docker_host": ssh_host["tcp"],
+                                               "tls": ssh_host["tls"]}
+    tcp_stack = tmp_path / "tcp-stack.yaml"
+    with tcp_stack.open("w") as fh:
+        YAML().dump(doc, fh)
+    check = run_kvdrill(["stack", "check", str(tcp_stack), "--json", "--allow-target", there], timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "through its API" in json.loads(check.stdout)["services"]["lmcache"]["control"]
+    scenario = tmp_path / "pause-remote-lmcache.yaml"
+    scenario.write_text(
+        "name: attach-tcp-lmcache-pause\nseed: 9\n"
+        "workload: {prompts: 1, shared_prefix_tokens: 256, unique_tokens: 256, max_tokens: 4, concurrency: 1}\n"
+        "chaos:\n  faults:\n    - {injector: process, params: {service: lmcache, action: stop}}\n"
+        "recovery: {actions: []}\nchecks: {leaks: {lmcache_status: false}}\n")
+    container = ssh_host["engine"].containers.get(LMCACHE_CONTAINER)
+    run_dir = _killed_once_verified(tcp_stack, scenario, "pause-lmcache-tcp", there)
+    [verified] = _events(run_dir, "fault.verified")
+    assert verified["data"]["effective"]
+    [attached] = [e for e in _events(run_dir, "service.attached") if e["data"]["service"] == "lmcache"]
+    assert attached["data"]["docker_host"] == ssh_host["tcp"] and "host" not in attached["data"]
+    container.reload()
+    assert container.attrs["State"]["Paused"]
+    rb = run_kvdrill(["rollback", str(run_dir)], timeout=300)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    container.reload()
+    assert container.attrs["State"]["Running"] and not container.attrs["State"]["Paused"]
+    assert any(f"docker unpause {LMCACHE_CONTAINER}" in e["data"]["what"] for e in _events(run_dir, "rollback.undone"))
+    assert _healthy(urls["lmcache"] + "/healthcheck")

@@ -241,8 +241,8 @@ def test_relative_l2_and_token_paths_are_the_stack_files_and_docker_host_default
     monkeypatch.delenv("DOCKER_HOST")
     assert load_stack_file(tmp_path / "gpu" / "stack.yaml").services["engine"].container.docker_host == \
         "unix:///var/run/docker.sock"
-    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.1:2375")  # refused like a written one
-    with pytest.raises(StackFileError, match="a tcp:// engine is not supported"):
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.1:2375")  # judged like a written one: not the url's machine
+    with pytest.raises(StackFileError, match="its container runs on the engine at 10.0.0.1, but its url names"):
         load_stack_file(tmp_path / "gpu" / "stack.yaml")
 
 
