@@ -251,25 +251,24 @@ def _start_attached_container(record: dict[str, Any], report: HealReport) -> Hea
 
 
 def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
-    """SIGCONT to every process of the recorded container, while it still runs the recorded generation."""
+    """SIGCONT to every process of the recorded container, while it still runs the recorded generation (one on an
+    engine reached by its API port, frozen by ``docker pause``: unpaused through that engine)."""
     import docker
 
     from drills.stack.containers import container_pids
 
     service, pid = record.get("service"), record.get("pgid")
-    if record.get("api_only"):
-        return _unpause(record, report)
     host = _ssh_host(record)  # an engine on another machine: its container's pids are that machine's
     if host is None and str(record.get("docker_host", "")).startswith("ssh://"):
         report.failed.append(f"{service}: {record['docker_host']} without the machine's SSH declaration; not contacted")
         return report
     try:
-        if host is not None:
+        if host is not None or record.get("api_only"):  # an engine over SSH, or by its API port and TLS files
             from drills.stack.attach import docker_client
             from drills.stack.stackfile import ContainerControl
 
-            client = docker_client(ContainerControl(name=str(record.get("container")),
-                                                    docker_host=record["docker_host"]), host)
+            client = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"],
+                                                    tls=record.get("tls")), host)
         else:
             client = docker.DockerClient(base_url=record["docker_host"], timeout=30)
         container = client.containers.get(record["container_id"])
@@ -279,6 +278,13 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
     state = container.attrs.get("State", {})
     if not state.get("Running") or state.get("Pid") != pid:
         report.already_healed.append(f"{service}: container no longer runs pid {pid}; not signalled")
+        return report
+    if record.get("api_only"):  # frozen by `docker pause`: its processes are not reachable from here
+        if not state.get("Paused"):
+            report.already_healed.append(f"{service}: container {container.name} is not paused")
+        else:
+            container.unpause()
+            report.undone.append(f"docker unpause {container.name} ({service}) on {record['docker_host']}")
         return report
     pids = container_pids(container)
     if host is not None:
@@ -300,30 +306,6 @@ def _undo_container(record: dict[str, Any], report: HealReport) -> HealReport:
     where = f" on {host.address}" if host is not None else ""
     (report.undone if stopped else report.already_healed).append(
         f"SIGCONT to {service} container {container.name}{where} ({len(stopped)} stopped process(es))")
-    return report
-
-
-def _unpause(record: dict[str, Any], report: HealReport) -> HealReport:
-    """A container on an engine reached by its API port (``tcp://``), frozen by ``docker pause``: unpaused
-    through the same engine, while it still runs the recorded main pid."""
-    from drills.stack.attach import docker_client
-    from drills.stack.stackfile import ContainerControl
-
-    service, pid = record.get("service"), record.get("pgid")
-    try:
-        container = docker_client(ContainerControl(name=str(record.get("container")), docker_host=record["docker_host"],
-                                                    tls=record.get("tls"))).containers.get(record["container_id"])
-    except Exception as exc:  # noqa: BLE001 - engine or container gone: nothing is frozen any more
-        report.already_healed.append(f"{service}: container {record['container_id'][:12]} not reachable ({exc})")
-        return report
-    state = container.attrs.get("State", {})
-    if not state.get("Running") or state.get("Pid") != pid:
-        report.already_healed.append(f"{service}: container no longer runs pid {pid}; not unpaused")
-    elif not state.get("Paused"):
-        report.already_healed.append(f"{service}: container {container.name} is not paused")
-    else:
-        container.unpause()
-        report.undone.append(f"docker unpause {container.name} ({service}) on {record['docker_host']}")
     return report
 
 

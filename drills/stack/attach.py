@@ -623,7 +623,7 @@ class AttachRuntime:
 
     # set by _attach (every attached stack) and by the topology class
     stack_file: StackFile
-    driver: AttachDriver
+    driver: ServiceDriver  # AttachDriver (runtime attach) or ProcessDriver (runtime processes)
     run_dir: Path
     journal: Journal
     http: httpx.AsyncClient

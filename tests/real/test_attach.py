@@ -78,9 +78,8 @@ def start_env(d: Path, ports: dict[str, int]) -> dict[str, str]:
             "DIR": str(d), **{k: str(v) for k, v in ports.items()}}
 
 
-def stop_user_stack(d: Path) -> None:
+def stop_user_stack(d: Path, names: tuple[str, ...] = ("engine", "lmcache", "toxiproxy")) -> None:
     """The user's services by their pidfiles' process groups (never by name), then what they left in /dev/shm."""
-    names = ("engine", "lmcache", "toxiproxy")
     pids = set()
     for name in names:
         try:

@@ -14,9 +14,7 @@ declared start command, and the stack is left as it was found.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -26,11 +24,10 @@ from ruamel.yaml import YAML
 
 from drills.pins import load_pins, model_dir, stack_venv
 from drills.stack.mooncake import SHIM_DIR
-from drills.stack.process import group_members, remove_shm_of
 from drills.stack.sandbox import free_port
 
 from .conftest import ARTIFACTS, REPO, run_kvdrill
-from .test_attach import SERVED, _events, _healthy, _run_dir
+from .test_attach import SERVED, _events, _healthy, _run_dir, stop_user_stack
 
 pytestmark = pytest.mark.real
 
@@ -73,32 +70,6 @@ def _lmcache_config(ports: dict[str, int]) -> dict:
             "extra_config": {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "protocol": "tcp",
                              "mooncake_master_server_addr": master, "global_segment_size": 0,
                              "local_buffer_size": 134217728, "transfer_timeout": 2}}
-
-
-def _stop(d: Path) -> None:
-    """The user's services by their pidfiles' process groups (the namespace shares this host's pids), then
-    what they left in /dev/shm."""
-    pids: dict[str, int] = {}
-    for name in SERVICES:
-        try:
-            pids[name] = int((d / f"{name}.pid").read_text())
-        except (OSError, ValueError):
-            pass
-    members = set().union(*(group_members(p) for p in pids.values())) if pids else set()
-    for pid in pids.values():
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + 60
-    for pid in pids.values():
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    remove_shm_of(members, set())
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +125,7 @@ def mooncake_stack(ssh_host, tmp_path_factory):
             YAML().dump(stack, fh)
         yield path, d, urls, there
     finally:
-        _stop(d)
+        stop_user_stack(d, SERVICES)  # the namespace shares this host's pids
 
 
 def test_stack_check_reads_the_mooncake_master_over_ssh_and_says_what_the_stack_carries(mooncake_stack):
