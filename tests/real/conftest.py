@@ -186,10 +186,11 @@ def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ssh_host(tmp_path_factory):
-    """A network namespace with its own address and sshd: the 'other machine' (nothing outside this host),
-    shared by the tests that attach to a stack there (test_attach_ssh.py, test_attach_mooncake.py)."""
+    """A network namespace with its own address and sshd: the 'other machine' (nothing outside this host), for
+    the tests that attach to a stack there (test_attach_ssh.py, test_attach_mooncake.py). Per module: its
+    Docker engine must be gone before test_docker_*.py, whose owned engine refuses to share the host."""
     import docker
 
     from drills.stack.dockerd import unmount_under

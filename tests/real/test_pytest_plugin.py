@@ -3,7 +3,8 @@
 against the sandbox. The test runs the flagship through the ``drill`` fixture and asserts the cache kept
 the answers right; that fails, and pytest's failure report carries a kvdrill section with the verdict
 line, the first differing token with both texts, and the report's path (the run directory is real, with
-its verdict)."""
+its verdict). This is also the wheel's one real drill (tests/real/test_wheel.py): run from an empty directory,
+its report under ./reports, its versions manifest against the pins the wheel carries."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def test_a_users_pytest_runs_the_flagship_and_its_failure_shows_the_first_differ
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "pytest>=8"],
                    check=True, capture_output=True, timeout=600, env=env)
     (tmp_path / "test_my_cache.py").write_text(USER_TEST)
-    reports = tmp_path / "reports"
+    reports = tmp_path / "reports"  # the default: ./reports under the directory it runs in
     proc = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "--kvdrill-stack", "sandbox",
-                           "--kvdrill-reports-dir", str(reports), "test_my_cache.py"],
+                           "test_my_cache.py"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "1 failed" in out, out[-4000:]
@@ -40,3 +41,6 @@ def test_a_users_pytest_runs_the_flagship_and_its_failure_shows_the_first_differ
     assert f"report: {run_dir / 'report.md'}" in out
     doc = json.loads((run_dir / "verdict.json").read_text())
     assert doc["verdict"] == "fail" and doc["expectation"]["held"]  # kvdrill's own expectation held
+    # the wheel's drill: the versions manifest compares what ran with the pins the wheel carries
+    versions = json.loads((run_dir / "versions.json").read_text())
+    assert versions["components"]["lmcache"] == versions["pinned"]["lmcache"], versions

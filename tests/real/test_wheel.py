@@ -5,9 +5,9 @@ The wheel is built from a copy of the files git tracks or would track (what a re
 without this checkout's venv, reports or build leftovers), installed with pip into a new venv of the
 system Python, and every command runs with that venv's ``kvdrill`` in a directory holding nothing:
 the catalogue is found by name, the built-in stack and the pins come from the wheel (drills/shipped.py),
-``kvdrill setup`` finds the shared stack venv and model up to date, the flagship runs for real on the
-sandbox with its report under the current directory, and ``kvdrill init`` writes a stack file and a
-first scenario that validate.
+``kvdrill setup`` finds the shared stack venv and model up to date, and ``kvdrill init`` writes a stack file
+and a first scenario that validate. The flagship runs for real from this venv, in an empty directory with its
+report under it, through the pytest plugin (tests/real/test_pytest_plugin.py).
 """
 
 from __future__ import annotations
@@ -67,17 +67,10 @@ def test_validate_dry_run_and_init_work_in_an_empty_directory(installed):
     shutil.rmtree(first)
 
 
-def test_setup_and_the_flagship_drill_run_from_the_wheel(installed):
-    _, work, _ = installed
+def test_setup_runs_from_the_wheel(installed):
+    """`kvdrill setup` from the wheel finds the stack it installs up to date. The wheel's real drill is
+    tests/real/test_pytest_plugin.py's: the flagship through the plugin of this same venv, from an empty
+    directory, its report under ./reports (one vLLM drill fewer in make test)."""
     setup = _kvdrill(installed, "setup", timeout=1800)
     said = setup.stdout + setup.stderr
     assert setup.returncode == 0 and "stack venv up to date" in said and "model up to date" in said, said
-    proc = _kvdrill(installed, "run", FLAGSHIP, timeout=900)
-    # the flagship's expectation (a FAIL at a high hit rate) held: exit 0
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    [run_dir] = [p for p in (work / "reports").iterdir() if p.is_dir()]
-    verdict = json.loads((run_dir / "verdict.json").read_text())
-    assert verdict["verdict"] == "fail" and (run_dir / "report.md").exists()
-    # the versions manifest compares what ran with the pins the wheel carries
-    versions = json.loads((run_dir / "versions.json").read_text())
-    assert versions["components"]["lmcache"] == versions["pinned"]["lmcache"], versions
