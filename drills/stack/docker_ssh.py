@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 DIAL = "docker system dial-stdio"
+PREFIX = "kvd-dssh-"
 _forwards: dict[tuple, EngineForward] = {}
 _clients: dict[str, docker.DockerClient] = {}
 _lock = threading.Lock()
@@ -46,8 +47,11 @@ class EngineForward:
     def __init__(self, host: SshHost) -> None:
         self.host = host
         ssh.client(host)  # fails here, with the reason, when the machine cannot be reached or its key is unknown
-        # /tmp, not the run directory: a unix socket's path must fit 107 bytes
-        self.dir = Path(tempfile.mkdtemp(prefix="kvd-dssh-"))
+        # /tmp, not the run directory: a unix socket's path must fit 107 bytes. Named with this process's pid:
+        # a kvdrill killed outright (SIGKILL, the rollback drills) never runs its atexit, so each new forward
+        # removes the directories of processes that are gone
+        sweep_dead()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self.path = self.dir / "docker.sock"
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(str(self.path))
@@ -145,3 +149,26 @@ def close_all() -> None:
         for fwd in _forwards.values():
             fwd.close()
         _forwards.clear()
+
+
+def dead_forwards(tmp: Path | None = None) -> list[Path]:
+    """The forward directories (``kvd-dssh-PID-*``) of processes no longer alive. A live pid's directory is
+    never one, whoever it is: pid reuse can only keep a dead one's directory a while longer."""
+    found = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = d.name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            found.append(d)
+    return found
+
+
+def sweep_dead(tmp: Path | None = None) -> list[Path]:
+    """Remove :func:`dead_forwards` (each holds only its socket); returns what it removed."""
+    removed = []
+    for d in dead_forwards(tmp):
+        with contextlib.suppress(OSError):
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+            removed.append(d)
+    return removed
