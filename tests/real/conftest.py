@@ -19,6 +19,7 @@ import pytest
 
 from drills.observe import shm
 from drills.pins import load_pins, model_dir, stack_python
+from drills.stack import docker_ssh
 from drills.stack.diskfs import SOURCE_PREFIX
 from drills.stack.faultfs import FSNAME_PREFIX
 from drills.stack.netns import NETNS_DIR
@@ -53,12 +54,15 @@ def no_shared_memory_left_behind():
 
 
 def kvdrill_leftovers() -> dict[str, list[str]]:
-    """Mounts, loop images and namespaces only kvdrill makes (by their prefixes)."""
+    """Mounts, loop images and namespaces only kvdrill makes (by their prefixes), and the ``ssh://`` engine
+    forwards' socket directories of kvdrill processes that are gone (a SIGKILLed kvdrill's is removed by the
+    next kvdrill that reaches an engine over SSH, e.g. its rollback)."""
     mounts = [line.split()[0] + " on " + line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
               if line.split()[0].startswith((SOURCE_PREFIX, FSNAME_PREFIX))]
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
     netns = [n.name for n in NETNS_DIR.glob(f"{NETNS_PREFIX}*")] if NETNS_DIR.is_dir() else []
-    return {"mounts": mounts, "loops": [x for x in loops if SOURCE_PREFIX in x], "netns": netns}
+    return {"mounts": mounts, "loops": [x for x in loops if SOURCE_PREFIX in x], "netns": netns,
+            "ssh engine forwards": [d.name for d in docker_ssh.dead_forwards()]}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -187,10 +191,12 @@ def _sh(*argv: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def ssh_host(tmp_path_factory):
+def ssh_host(tmp_path_factory, request):
     """A network namespace with its own address and sshd: the 'other machine' (nothing outside this host), for
     the tests that attach to a stack there (test_attach_ssh.py, test_attach_mooncake.py). Per module: its
-    Docker engine must be gone before test_docker_*.py, whose owned engine refuses to share the host."""
+    Docker engine must be gone before test_docker_*.py, whose owned engine refuses to share the host. A module
+    whose stack on that machine is processes only says ``SSH_HOST_DOCKER = False`` and gets no engine (its
+    start and image load are about 10 s of make test)."""
     import docker
 
     from drills.stack.dockerd import unmount_under
@@ -236,6 +242,9 @@ def ssh_host(tmp_path_factory):
         while subprocess.run([*ssh, "true"], capture_output=True, timeout=30).returncode != 0:
             assert time.monotonic() < deadline and sshd.poll() is None, (d / "sshd.log").read_text()
             time.sleep(0.5)
+        if not getattr(request.module, "SSH_HOST_DOCKER", True):
+            yield {"dir": d, "address": there, "ssh": ssh, "ns": ns}
+            return
         engine_run.mkdir(mode=0o700)
         # the engine also answers on its API port over TLS (tcp://ADDRESS:2376), as a Docker host whose engine
         # is reached with DOCKER_TLS_VERIFY is: a CA, the engine's certificate for its address, a client's

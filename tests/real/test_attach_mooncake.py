@@ -30,6 +30,8 @@ from .conftest import ARTIFACTS, REPO, run_kvdrill
 from .test_attach import SERVED, _events, _healthy, _run_dir, stop_user_stack
 
 pytestmark = pytest.mark.real
+# the stack on the SSH host is processes: the host needs no Docker engine of its own (conftest.ssh_host)
+SSH_HOST_DOCKER = False
 
 SCRIPT = Path(__file__).with_name("user_stack") / "start-mooncake.sh"
 SERVICES = ("engine", "baseline", "mooncake-master", "store-a", "store-b")

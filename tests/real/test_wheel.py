@@ -6,8 +6,8 @@ without this checkout's venv, reports or build leftovers), installed with pip in
 system Python, and every command runs with that venv's ``kvdrill`` in a directory holding nothing:
 the catalogue is found by name, the built-in stack and the pins come from the wheel (drills/shipped.py),
 ``kvdrill setup`` finds the shared stack venv and model up to date, and ``kvdrill init`` writes a stack file
-and a first scenario that validate. The flagship runs for real from this venv, in an empty directory with its
-report under it, through the pytest plugin (tests/real/test_pytest_plugin.py).
+and a first scenario that validate. A real drill (the flagship's zeroed chunk, on one prompt) runs from this
+venv, in an empty directory with its report under it, through the pytest plugin (tests/real/test_pytest_plugin.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_validate_dry_run_and_init_work_in_an_empty_directory(installed):
 
 def test_setup_runs_from_the_wheel(installed):
     """`kvdrill setup` from the wheel finds the stack it installs up to date. The wheel's real drill is
-    tests/real/test_pytest_plugin.py's: the flagship through the plugin of this same venv, from an empty
+    tests/real/test_pytest_plugin.py's: a user's scenario through the plugin of this same venv, from an empty
     directory, its report under ./reports (one vLLM drill fewer in make test)."""
     setup = _kvdrill(installed, "setup", timeout=1800)
     said = setup.stdout + setup.stderr
