@@ -9,8 +9,10 @@ its metrics endpoint going silent.
 
 Mooncake puts each object on one contributor of its choosing, and has been seen putting every warm-up
 chunk on one of the two: a drill that names ``store-a`` then kills a contributor that holds nothing and
-proves nothing. ``service: fullest-contributor`` picks, when the fault is planned, the contributor whose
-segment holds the most bytes in the master's own view, and journals the view it chose from.
+proves nothing. ``service: fullest-contributor`` picks, when the fault is planned, the contributor holding
+the most bytes of the objects stored since the warm-up began (the master's own replica endpoints for each new
+key; on a stack reused from earlier drills, the fullest segment can hold none of this drill's), else the one
+whose segment holds the most bytes, and journals the view it chose from.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class StoreParams(ProcessParams):
         pattern=r"^(store-[a-z0-9][a-z0-9-]{0,30}|mooncake-master|fullest-contributor)$",
         description="a Mooncake contributor (store-<name>: store-a and store-b on the sandbox stacks, the stack "
                     "file's contributors on an attached one), the master (mooncake-master), or "
-                    "fullest-contributor: whichever contributor's segment holds the most bytes when the fault "
-                    "is planned (Mooncake chooses where objects go; a named one may hold none)")
+                    "fullest-contributor: whichever contributor holds the most bytes of this drill's objects "
+                    "(stored since the warm-up) when the fault is planned, else the most bytes in its segment "
+                    "(Mooncake chooses where objects go; a named one may hold none)")
     action: Literal["term", "kill", "stop", "restart"] = Field(
         description="term/kill: down until heal (which starts it again, with an empty segment); "
                     "stop: freeze (a frozen contributor hangs readers); restart: stop and start again")
@@ -76,12 +79,19 @@ class StoreFault(ProcessFault):
         segments = await self.ctx.stack.contributor_segments()
         if not segments:
             raise InjectionError("store: fullest-contributor: the master lists no segment of a running contributor")
-        name = max(sorted(segments), key=lambda n: segments[n]["used_bytes"])
+        # this drill's objects first: on a stack reused from earlier drills, the segment with the most bytes
+        # can hold none of them, and a fault there touches nothing this drill reads (measured: the D8
+        # control's freeze hung no request when store-b held 189 MB of older objects and store-a this drill's)
+        drill = await self.ctx.stack.drill_bytes(segments)
+        if drill and any(drill.values()):
+            name, basis = max(sorted(drill), key=lambda n: drill[n]), "this drill's objects (stored since the warm-up)"
+        else:
+            name, basis = max(sorted(segments), key=lambda n: segments[n]["used_bytes"]), "segment bytes in use"
         if segments[name]["used_bytes"] <= 0:
             raise InjectionError(f"store: fullest-contributor: no contributor holds any object (segments: {segments}); "
                                  "the warm-up stored nothing in Mooncake")
         self.p = self.p.model_copy(update={"service": name})
-        return {"rule": FULLEST, "service": name, "segments": segments}
+        return {"rule": FULLEST, "service": name, "by": basis, "drill_bytes": drill, "segments": segments}
 
     async def inject(self) -> None:
         await super().inject()

@@ -333,7 +333,40 @@ class MooncakeStack(ProcessStack):
         return {"status": "skipped", "reason": "no LMCache L1 in this stack (local_cpu: False)"}
 
     async def store_mark(self) -> int:
+        # the keys already there, too: on a reused stack earlier drills' objects fill the segments, and a fault
+        # on "the contributor holding this drill's objects" must not be chosen by theirs (drill_bytes)
+        try:
+            r = await self.http.get(f"{self.url('mooncake-master')}/get_all_keys", timeout=10)
+            r.raise_for_status()
+            self.keys_at_mark: set[str] | None = set(r.text.split())
+        except httpx.HTTPError:
+            self.keys_at_mark = None
         return int(prom.total(await self.master_metrics(), "master_key_count"))
+
+    async def drill_bytes(self, segments: dict[str, dict[str, Any]]) -> dict[str, int] | None:
+        """Bytes of the objects stored since the warm-up's mark that each contributor holds (a replica is
+        placed by the master; matched to a contributor by its transport endpoint, as in ``segments``).
+        None before a mark, or when the master cannot say."""
+        before = getattr(self, "keys_at_mark", None)
+        if before is None:
+            return None
+        master = self.url("mooncake-master")
+        by_endpoint = {seg["te_endpoint"]: name for name, seg in segments.items() if seg.get("te_endpoint")}
+        held = dict.fromkeys(segments, 0)
+        try:
+            r = await self.http.get(f"{master}/get_all_keys", timeout=10)
+            r.raise_for_status()
+            for key in sorted(set(r.text.split()) - before):
+                q = await self.http.get(f"{master}/query_key", params={"key": key}, timeout=10)
+                if q.status_code != 200:  # evicted or removed since the listing
+                    continue
+                for replica in q.json().get("data") or []:
+                    name = by_endpoint.get(str(replica.get("transport_endpoint_")))
+                    if name is not None:
+                        held[name] += int(replica.get("size_") or 0)
+        except (httpx.HTTPError, ValueError):
+            return None
+        return held
 
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
         """Warm is done when the master holds one more key per distinct full chunk than at ``mark`` (the

@@ -40,6 +40,11 @@ class TinyMooncake(TinyStack):
     async def contributor_segments(self) -> dict[str, dict]:
         return {name: {"used_bytes": used} for name, used in self.used.items()}
 
+    drill: dict[str, int] | None = None  # bytes of this drill's objects per contributor (None: no warm-up mark)
+
+    async def drill_bytes(self, segments: dict[str, dict]) -> dict[str, int] | None:
+        return self.drill
+
 
 @pytest.fixture
 async def mooncake(tmp_path):
@@ -95,7 +100,8 @@ async def test_fullest_contributor_is_the_one_holding_the_most_bytes(mooncake, t
     inj = fault(st, journal, tmp_path, service="fullest-contributor", action="kill", watch_for=0)
     target = (await inj.plan())[0]
     assert target["service"] == "store-a" and inj.p.service == "store-a"
-    assert target["chosen_as"] == {"rule": "fullest-contributor", "service": "store-a",
+    assert target["chosen_as"] == {"rule": "fullest-contributor", "service": "store-a", "by": "segment bytes in use",
+                                   "drill_bytes": None,
                                    "segments": {"store-a": {"used_bytes": 4096}, "store-b": {"used_bytes": 1024}}}
     await inj.inject()
     assert (await inj.verify()).effective and not st.driver.services["store-a"].alive
@@ -110,3 +116,15 @@ async def test_a_tie_goes_to_the_first_contributor_by_name(mooncake, tmp_path):
     st.used = {"store-b": 2048, "store-a": 2048}
     target = (await fault(st, journal, tmp_path, service="fullest-contributor", action="stop").plan())[0]
     assert target["chosen_as"]["service"] == "store-a"
+
+
+async def test_on_a_reused_stack_the_contributor_holding_this_drills_objects_is_chosen(mooncake, tmp_path):
+    """store-b's segment is fuller with earlier drills' objects, but this drill's are on store-a: a freeze of
+    store-b would hang nothing this drill reads (the D8 control passed for that reason once)."""
+    st, journal = mooncake
+    st.used, st.drill = {"store-a": 1024, "store-b": 4096}, {"store-a": 900, "store-b": 0}
+    target = (await fault(st, journal, tmp_path, service="fullest-contributor", action="stop").plan())[0]
+    assert target["chosen_as"]["service"] == "store-a" and target["chosen_as"]["by"].startswith("this drill's objects")
+    st.used, st.drill = {"store-a": 4096, "store-b": 1024}, {"store-a": 0, "store-b": 0}  # none placed: segments decide
+    target = (await fault(st, journal, tmp_path, service="fullest-contributor", action="kill").plan())[0]
+    assert target["chosen_as"]["by"] == "segment bytes in use"
