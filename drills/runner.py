@@ -43,7 +43,7 @@ from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import Action, LoadedScenario, ManualStep, Scenario, StackSpec, default_oracle
+from drills.scenario import LOG_PHASES, Action, LoadedScenario, ManualStep, Scenario, StackSpec, default_oracle
 from drills.sse_http import SsePool
 from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
@@ -142,6 +142,7 @@ class Runner:
         self._threads: stop.TrackingExecutor | None = None
         self.stop_switch: stop.StopSwitch | None = None
         self._checked_through: int | None = None  # last journal seq the checkers read (for `kvdrill analyze`)
+        self._log_watch: logs.LogWatch | None = None  # the services' logs checks.logs reads, phase by phase
         self.operator = DESK.attach(self.run_id, self.journal)  # `kvdrill note/continue` (drills/gameday/)
 
     # --- entry ---------------------------------------------------------------------------------------
@@ -258,6 +259,7 @@ class Runner:
                                      "`kvdrill sandbox down`)")
                 self.stack.toxiproxy_seed = seeds.toxiproxy_seed(sc.seed)
                 self.stack.prepare()
+            self._log_watch = self._watch_logs(self.stack)  # prepared: a stack knows its services from here on
             manifest = versions_manifest(sc.stack, self.stack.model_dir)
             self.journal.append("versions", **manifest)
             self._observe_shm()
@@ -762,6 +764,33 @@ class Runner:
     def _phase(self, name: str, what: str):
         return _Phase(self, name, what)
 
+    def _watch_logs(self, stack: Stack) -> logs.LogWatch | None:
+        """The logs the scenario's log rules read; a rule naming no service of the stack is refused here,
+        before anything starts."""
+        spec = self.scenario.checks.logs
+        if not (spec.enabled and spec.rules):
+            return None
+        services = set(stack.depends_on())
+        unknown = sorted({r.service for r in spec.rules} - services)
+        if unknown:
+            raise DrillError(f"checks.logs names service(s) {', '.join(unknown)}, which stack {stack.ref} does not "
+                             f"have; its services: {', '.join(sorted(services))}")
+        patterns: dict[str, list[str]] = {}
+        for rule in spec.rules:
+            patterns.setdefault(rule.service, [])
+            patterns[rule.service] += [p for p in (*rule.must_not, *rule.must) if p not in patterns[rule.service]]
+        return logs.LogWatch({name: stack.log_path(name) for name in patterns}, patterns)
+
+    def _log_phase_end(self, phase: str) -> None:
+        watch = self._log_watch
+        if watch is None:
+            return
+        if phase == "up":  # what counts starts here: an attached service's log holds its whole history
+            watch.start()
+        elif watch.started and phase in LOG_PHASES:
+            for data in watch.scan():
+                self.journal.append("observe.log_check", **data)
+
     def _finish(self, verdict: str, reason: str, results: list[CheckResult]) -> Outcome:
         self.journal.phase = "report"
         # a held run judged nothing: an expect: of its scenario is for the drill it was cut from
@@ -797,6 +826,7 @@ class _Phase:
         r = self.runner
         if r.stack is not None and r.stack.driver.services:
             r._observe_shm()
+        r._log_phase_end(self.name)
         r.journal.append("phase.finished", took_s=round(time.monotonic() - self.started, 2),
                          error=f"{exc_type.__name__}: {exc}" if exc_type else None)
         return False

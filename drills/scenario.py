@@ -39,7 +39,7 @@ from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13"]
-CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle"]
+CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs"]
 OracleSource = Literal["salted", "baseline", "both"]
 # stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
 # LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
@@ -349,6 +349,53 @@ class SloCheck(_Strict):
     itl_p95_max: Duration | None = Field(None, description="absolute SLO on inter-token latency p95 per phase")
 
 
+# the phases whose service logs a log rule can judge: every one after the stack is up (an attached service's
+# log holds its history before the drill, so what counts starts where the log ended once the stack was up;
+# a service that never came up is liveness's to judge). Lines written between two phases count to the next.
+LogPhase = Literal["oracle", "warm", "steady", "chaos", "heal", "recovery", "drain"]
+LOG_PHASES: tuple[str, ...] = typing.get_args(LogPhase)
+
+
+class LogRule(_Strict):
+    """Lines of one service's log (the run's ``logs/SERVICE.log``: the file, container log, or log_command
+    the stack declares) that must not appear, or must appear, in some phases of the drill."""
+
+    service: str = Field(min_length=1, description="the service whose log is read (a name in the stack)")
+    must_not: list[str] = Field(default_factory=list, description="regular expressions (Python re, searched "
+                                "per line) no line of those phases may match, e.g. 'negative (ref|pin) count'")
+    must: list[str] = Field(default_factory=list, description="regular expressions each matched by at least "
+                            "one line of those phases, e.g. 'Retrieved \\d+ tokens' in recovery")
+    phases: list[LogPhase] = Field(default_factory=lambda: list(LOG_PHASES),
+                                   description="the phases whose new log lines count; default every one")
+
+    @field_validator("must_not", "must")
+    @classmethod
+    def _compiles(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"{p!r} is not a regular expression: {exc}") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _says_something(self) -> LogRule:
+        if not self.must_not and not self.must:
+            raise ValueError("a log rule needs at least one pattern in must_not or must")
+        if not self.phases:
+            raise ValueError(f"a log rule needs at least one phase; allowed: {', '.join(LOG_PHASES)}")
+        return self
+
+
+class LogsCheck(_Strict):
+    """Per service, log lines that must not (or must) appear during and after the drill, judged on the lines
+    the run journaled (``observe.log_check``), so ``kvdrill analyze`` reproduces the verdict. Runs only where
+    the scenario declares rules."""
+
+    enabled: bool = True
+    rules: list[LogRule] = Field(default_factory=list)
+
+
 class ChecksSpec(_Strict):
     correctness: CorrectnessCheck = CorrectnessCheck()
     degenerate: DegenerateCheck = DegenerateCheck()
@@ -357,6 +404,7 @@ class ChecksSpec(_Strict):
     liveness: LivenessCheck = LivenessCheck()
     recovery: RecoveryCheck = RecoveryCheck()
     slo: SloCheck = SloCheck()
+    logs: LogsCheck = LogsCheck()
 
 
 class ExpectedOutcome(_Strict):

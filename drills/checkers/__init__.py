@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from drills.checkers import correctness, degenerate, evidence, hit_rate, leaks, liveness, oracle, recovery, slo
+from drills.checkers import correctness, degenerate, evidence, hit_rate, leaks, liveness, logs, oracle, recovery, slo
 from drills.checkers.base import CheckResult, RunView
 from drills.journal import Event, History
 from drills.scenario import ChecksSpec
@@ -50,6 +50,8 @@ def _run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
         results.append(_guarded("recovery", malformed, lambda: recovery.check(view, checks.recovery)))
     if checks.slo.enabled:
         results.append(_guarded("slo", malformed, lambda: slo.check(view, checks.slo)))
+    if checks.logs.enabled and checks.logs.rules:
+        results.append(_guarded("logs", malformed, lambda: logs.check(view, checks.logs)))
     return results
 
 

@@ -72,6 +72,19 @@ class ObserveLog(_Data):
     matches: list[LogMatch] = []
 
 
+class LogHit(_Data):
+    line: int
+    pattern: int
+
+
+class ObserveLogCheck(_Data):
+    service: str
+    read: bool
+    patterns: list[str]
+    counts: list[int]
+    hits: list[LogHit] = []
+
+
 class Status(_Data):
     lmcache: dict[str, float | None] | None = None
     engine_kv_usage: float | None = None
@@ -128,7 +141,7 @@ SHAPES: dict[str, type[_Data]] = {
     "service.stopped": ServiceStopped, "observe.shm": ObserveShm, "fault.injected": FaultInjected,
     "fault.healed": FaultHealed, "service.died": ServiceDied, "warm.stored": WarmStored,
     "service.start_failed": ServiceStartFailed,
-    "workload.prompts": WorkloadPrompts,
+    "workload.prompts": WorkloadPrompts, "observe.log_check": ObserveLogCheck,
 }
 _ADAPTERS = {t: TypeAdapter(m) for t, m in SHAPES.items()}
 
@@ -143,6 +156,7 @@ READS: dict[str, tuple[str, ...]] = {
     "recovery": ("response", "observe.metrics", *FAULTS),
     "slo": ("response", "observe.metrics", "warm.stored", "workload.prompts", *FAULTS),
     "oracle": ("response", "observe.metrics"),
+    "logs": ("observe.log_check",),
 }
 
 

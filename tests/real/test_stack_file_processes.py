@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from drills.observe.logs import ANSI
 from drills.pins import stack_venv
 from drills.stack.sandbox import free_port
 
@@ -68,8 +69,13 @@ ZEROED = ("name: processes-zeroed-chunk\nseed: 7\n"
           "chaos:\n  faults:\n    - {injector: kv_corrupt, params: {mode: zero, prompts: all, chunk: 1}}\n"
           "  actions: [clear_l1, reset_prefix_cache]\n"
           "recovery: {enabled: false}\n"
-          "checks: {recovery: {enabled: false}}\n"
-          "expect: {verdict: fail, failing_checks: [correctness, hit_rate]}\n")
+          "checks:\n  recovery: {enabled: false}\n"
+          # the log check on the user's own services' logs: the cache server read the damaged chunk back from L2
+          # in chaos, the engine answered the completions, and the cache server logged no traceback
+          "  logs:\n    rules:\n"
+          "      - {service: lmcache, must: ['Retrieved \\d+ tokens'], must_not: [Traceback], phases: [chaos]}\n"
+          "      - {service: engine, must: ['POST /v1/completions'], phases: [chaos]}\n"
+          "expect: {verdict: fail, failing_checks: [correctness, hit_rate], passing_checks: [logs]}\n")
 
 
 def test_a_zeroed_chunk_on_a_stack_kvdrill_starts_from_the_users_commands_fails_as_on_the_sandbox(tmp_path):
@@ -82,6 +88,14 @@ def test_a_zeroed_chunk_on_a_stack_kvdrill_starts_from_the_users_commands_fails_
     run_dir = _run_dir(proc.stderr)
     doc = json.loads((run_dir / "verdict.json").read_text())
     assert doc["verdict"] == "fail" and doc["expectation"]["held"], proc.stdout + proc.stderr[-3000:]
+    # the log check's evidence is the lines themselves, where the run's logs/ has them
+    [logs] = [c for c in doc["checks"] if c["name"] == "logs"]
+    for ev in (e for e in logs["evidence"] if e["kind"] == "log"):
+        file, line = ev["ref"].rsplit(":", 1)
+        # numbered by newline only, as the check (and sed) number them: bytes, no universal-newline reading
+        text = (run_dir / file).read_bytes().split(b"\n")[int(line) - 1].decode(errors="replace")
+        assert ev["text"] == ANSI.sub("", text).strip()[:400], (ev, text)
+    assert {e["ref"].rsplit(":", 1)[0] for e in logs["evidence"]} == {"logs/lmcache.log", "logs/engine.log"}, logs
     started = {e["data"]["service"]: e["data"] for e in _events(run_dir, "service.started")}
     assert set(started) == {"toxiproxy", "lmcache", "engine"} and all(s["tag"] == str(run_dir) for s in started.values())
     assert started["engine"]["argv"] == YAML(typ="safe").load(stack_file.read_text())["services"]["engine"]["start"]["argv"]
