@@ -357,7 +357,9 @@ class MooncakeStack(ProcessStack):
             r = await self.http.get(f"{master}/get_all_keys", timeout=10)
             r.raise_for_status()
             for key in sorted(set(r.text.split()) - before):
-                q = await self.http.get(f"{master}/query_key", params={"key": key}, timeout=10)
+                # the key as it stands: the master's HTTP server does not percent-decode its query (measured:
+                # key=a%40b is OBJECT_NOT_FOUND where key=a@b answers), and LMCache's keys are '@'-joined
+                q = await self.http.get(f"{master}/query_key?key={key}", timeout=10)
                 if q.status_code != 200:  # evicted or removed since the listing
                     continue
                 for replica in q.json().get("data") or []:
