@@ -26,7 +26,8 @@ def check(view: RunView, opts: LogsCheck) -> CheckResult:
         read = [e for e in mine if e.data.get("read")]
         where = f"logs/{rule.service}.log in {_phases(rule)}"
         if not read:
-            unjudged.append(f"rule {i} ({rule.service}): {where} was never there to read (declare the service's "
+            why = next((e.data["why"] for e in mine if e.data.get("why")), "not there")
+            unjudged.append(f"rule {i} ({rule.service}): {where} could not be read ({why}; declare the service's "
                             "log, log_command or container in the stack file)" if mine else
                             f"rule {i} ({rule.service}): the drill ended before any of {_phases(rule)}")
             rules.append({"rule": i, "service": rule.service, "judged": False})

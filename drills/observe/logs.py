@@ -31,7 +31,7 @@ def mark(path: Path) -> LogMark:
             while block := fh.read(1 << 20):
                 offset += len(block)
                 lines += block.count(b"\n")
-    except FileNotFoundError:
+    except OSError:  # not there yet (or unreadable: the scans say so); everything it will hold is new
         return LogMark(path, 0, 0)
     return LogMark(path, offset, lines, inode)
 
@@ -62,8 +62,8 @@ def scan_since(m: LogMark, patterns: list[str], per_pattern: int = 20) -> tuple[
     counts, hits = [0] * len(compiled), []
     try:
         fh = m.path.open("rb")
-    except (FileNotFoundError, NotADirectoryError):
-        return {"read": False, "counts": counts, "hits": hits}, m
+    except OSError as exc:  # never there, or a user's log kvdrill may not read: the check says it could not judge
+        return {"read": False, "why": f"{type(exc).__name__}: {exc.strerror}", "counts": counts, "hits": hits}, m
     with fh:
         st = os.fstat(fh.fileno())
         rotated = st.st_size < m.offset or (m.inode is not None and st.st_ino != m.inode)

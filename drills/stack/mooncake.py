@@ -151,6 +151,7 @@ class MooncakeStack(ProcessStack):
         return []
 
     contributor_names: tuple[str, ...] = CONTRIBUTORS  # the contributors contributor_segments names
+    keys_at_mark: set[str] | None = None  # the master's keys when warm-up began (store_mark; drill_bytes)
 
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)
@@ -336,27 +337,27 @@ class MooncakeStack(ProcessStack):
         # the keys already there, too: on a reused stack earlier drills' objects fill the segments, and a fault
         # on "the contributor holding this drill's objects" must not be chosen by theirs (drill_bytes)
         try:
-            r = await self.http.get(f"{self.url('mooncake-master')}/get_all_keys", timeout=10)
-            r.raise_for_status()
-            self.keys_at_mark: set[str] | None = set(r.text.split())
+            self.keys_at_mark = await self._all_keys()
         except httpx.HTTPError:
             self.keys_at_mark = None
         return int(prom.total(await self.master_metrics(), "master_key_count"))
+
+    async def _all_keys(self) -> set[str]:
+        r = await self.http.get(f"{self.url('mooncake-master')}/get_all_keys", timeout=10)
+        r.raise_for_status()
+        return set(r.text.split())
 
     async def drill_bytes(self, segments: dict[str, dict[str, Any]]) -> dict[str, int] | None:
         """Bytes of the objects stored since the warm-up's mark that each contributor holds (a replica is
         placed by the master; matched to a contributor by its transport endpoint, as in ``segments``).
         None before a mark, or when the master cannot say."""
-        before = getattr(self, "keys_at_mark", None)
-        if before is None:
+        if self.keys_at_mark is None:
             return None
         master = self.url("mooncake-master")
         by_endpoint = {seg["te_endpoint"]: name for name, seg in segments.items() if seg.get("te_endpoint")}
         held = dict.fromkeys(segments, 0)
         try:
-            r = await self.http.get(f"{master}/get_all_keys", timeout=10)
-            r.raise_for_status()
-            for key in sorted(set(r.text.split()) - before):
+            for key in sorted(await self._all_keys() - self.keys_at_mark):
                 # the key as it stands: the master's HTTP server does not percent-decode its query (measured:
                 # key=a%40b is OBJECT_NOT_FOUND where key=a@b answers), and LMCache's keys are '@'-joined
                 q = await self.http.get(f"{master}/query_key?key={key}", timeout=10)

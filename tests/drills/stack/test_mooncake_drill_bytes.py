@@ -27,7 +27,9 @@ def _master(request: httpx.Request) -> httpx.Response:
 
 async def test_only_the_keys_stored_since_the_mark_count_and_each_goes_to_its_replicas_contributor():
     async with httpx.AsyncClient(transport=httpx.MockTransport(_master)) as http:
-        stack = SimpleNamespace(http=http, url=lambda name: "http://master:9003", keys_at_mark={"m@x@0@old"})
-        assert await MooncakeStack.drill_bytes(stack, SEGMENTS) == {"store-a": 2000, "store-b": 0}
+        stack = SimpleNamespace(http=http, url=lambda name: "http://master:9003")
+        stack._all_keys = lambda: MooncakeStack._all_keys(stack)
         stack.keys_at_mark = None  # no mark (no warm-up yet): nothing to say
         assert await MooncakeStack.drill_bytes(stack, SEGMENTS) is None
+        stack.keys_at_mark = {"m@x@0@old"}
+        assert await MooncakeStack.drill_bytes(stack, SEGMENTS) == {"store-a": 2000, "store-b": 0}
