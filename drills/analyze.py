@@ -118,8 +118,9 @@ def select_checks(spec: ChecksSpec, names: list[str] | None) -> ChecksSpec:
     if names is None:
         return spec
     wanted = set(names) | ({"correctness"} if "hit_rate" in names else set())
-    return spec.model_copy(update={n: getattr(spec, n).model_copy(update={"enabled": n in wanted})
-                                   for n in CHECK_NAMES})
+    # score runs where the scenario declares a scorer (it has no options without one): named, or dropped
+    return spec.model_copy(update={n: getattr(spec, n).model_copy(update={"enabled": n in wanted}) if n != "score"
+                                   else (spec.score if n in wanted else None) for n in CHECK_NAMES})
 
 
 def analyze(run_dir: Path, names: list[str] | None = None, *, write: bool = True,

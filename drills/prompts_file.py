@@ -4,12 +4,16 @@
     {"messages": [{"role": "system", "content": "You are the on-call assistant. ..."},
                   {"role": "user", "content": "What failed first?"}], "max_tokens": 64}
 
-A ``prompt`` is text; ``messages`` is a chat, rendered by the engine's own chat template. Either way the
-engine's tokenizer turns it into token ids (vLLM's ``/tokenize``: for a chat, with the template and the
-generation prompt applied, as ``/v1/chat/completions`` renders it), and the drill sends those ids, so the
-oracle, the cached answers, first-diff and ``kv_corrupt``'s chunks by prompt all work on exactly what the
-engine saw. ``max_tokens`` per line overrides ``workload.max_tokens``. Sampling stays greedy (temperature 0):
-the checks compare answers token by token.
+A ``prompt`` is text, sent to ``/v1/completions``; ``messages`` is a chat, sent to ``/v1/chat/completions``
+so the server applies its own chat template (and ``tools``, ``chat_template_kwargs``) as it does for users.
+Either way the engine's tokenizer also turns the line into token ids first (vLLM's ``/tokenize``, for a chat
+with the same template and fields), so the oracle, first-diff and ``kv_corrupt``'s chunks by prompt work on
+what the engine saw; the chat endpoint's own ``prompt_token_ids`` are compared with them on every answer.
+``max_tokens`` per line overrides ``workload.max_tokens``; ``request`` passes sampling and output fields
+through to the engine (stop strings, logprobs, penalties, ...), named in :data:`REQUEST_FIELDS` so a typo is an
+error here rather than a field the engine silently ignores. Sampling stays greedy (temperature 0): the checks
+compare answers token by token, so ``temperature``, ``top_p`` and ``n`` are kvdrill's, not the line's.
+``expected`` is the answer the line should get, for ``checks.score`` (the evaluation layer, drills/scoring.py).
 
 The file is validated when the scenario is, each problem reported as ``FILE:LINE: field: why`` with the
 allowed values, and read with a size cap (drills/inputs.py): a prompt set is data, never code.
@@ -21,9 +25,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_PROMPTS = 1024
 MAX_BYTES = 64 * 1024 * 1024
@@ -38,17 +42,65 @@ class Message(_Strict):
     content: str = Field(min_length=1)
 
 
+# fields of vLLM's completion and chat requests (vLLM 0.32's protocol.py) a line may pass through; what
+# kvdrill itself sets (model, prompt/messages, max_tokens, stream, return_token_ids, cache_salt, seed) and
+# what would break token identity with the oracle (temperature, top_p, n, beam search) are not among them
+SAMPLING_FIELDS = frozenset({
+    "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "logprobs", "prompt_logprobs",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty", "logit_bias", "allowed_token_ids",
+    "bad_words", "skip_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "response_format",
+    "structured_outputs", "priority", "user", "min_p", "top_k"})
+CHAT_ONLY_FIELDS = frozenset({"top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+                              "reasoning_effort", "include_reasoning"})
+# chat fields that change how the prompt is rendered, so /tokenize must be given them too
+RENDER_FIELDS = frozenset({"tools", "chat_template_kwargs"})
+REQUEST_FIELDS = SAMPLING_FIELDS | CHAT_ONLY_FIELDS
+KVDRILL_OWNS = {"temperature": "sampling stays greedy: answers are compared token by token with the no-cache answer",
+                "top_p": "sampling stays greedy", "n": "one answer per request is compared", "seed": "kvdrill sets it",
+                "use_beam_search": "beam search is not greedy", "best_of": "one answer per request is compared",
+                "max_tokens": "use the line's own max_tokens", "stream": "kvdrill streams every request",
+                "model": "the stack's served model is asked", "cache_salt": "kvdrill's oracle owns the salt",
+                "return_token_ids": "kvdrill asks for token ids", "echo": "the answer alone is compared"}
+
+
 class PromptLine(_Strict):
-    prompt: str | None = Field(None, min_length=1, description="text, sent as the engine tokenizes a completion's prompt")
-    messages: list[Message] | None = Field(None, min_length=1, description="a chat, rendered by the engine's template")
-    max_tokens: int | None = Field(None, ge=1, le=4096, description="this prompt's answer length (default: "
-                                                                   "workload.max_tokens)")
+    prompt: str | None = Field(None, min_length=1, description="text, sent to /v1/completions")
+    messages: list[Message] | None = Field(None, min_length=1, description="a chat, sent to /v1/chat/completions "
+                                                                           "and rendered by the engine's template")
+    max_tokens: int | None = Field(None, ge=1, le=32768, description="this prompt's answer length (default: "
+                                                                    "workload.max_tokens)")
+    request: dict[str, Any] = Field(default_factory=dict, description="fields passed through to the engine's "
+                                    "request (stop, logprobs, penalties, tools, ...; see REQUEST_FIELDS)")
+    expected: str | None = Field(None, description="the answer this prompt should get, for checks.score")
 
     @model_validator(mode="after")
     def _one_kind(self) -> PromptLine:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt (text) or messages (a chat)")
         return self
+
+    @field_validator("request")
+    @classmethod
+    def _known_fields(cls, request: dict[str, Any]) -> dict[str, Any]:
+        for name in request:
+            if name in KVDRILL_OWNS:
+                raise ValueError(f"{name}: not a line's to set ({KVDRILL_OWNS[name]})")
+            if name not in REQUEST_FIELDS:
+                raise ValueError(f"{name}: unknown field; allowed: {', '.join(sorted(REQUEST_FIELDS))}")
+        return request
+
+    @model_validator(mode="after")
+    def _chat_fields_on_chats(self) -> PromptLine:
+        if self.prompt is not None:
+            chat_only = sorted(set(self.request) & CHAT_ONLY_FIELDS)
+            if chat_only:
+                raise ValueError(f"request: {', '.join(chat_only)} only apply to a chat (messages), not to a text prompt")
+        return self
+
+    @property
+    def render(self) -> dict[str, Any]:
+        """The request fields that change how a chat is rendered (for /tokenize as for the chat endpoint)."""
+        return {k: v for k, v in self.request.items() if k in RENDER_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -108,7 +160,8 @@ def load_prompts_file(path: Path) -> PromptsFile:
 
 def _message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
-        return "unknown field; allowed: prompt, messages, max_tokens (and role, content in a message)"
+        return ("unknown field; allowed: prompt, messages, max_tokens, request, expected (and role, content in a "
+                "message)")
     if err["type"] == "literal_error":
         return f"{err['msg']}"  # pydantic names the allowed values
     return err["msg"].removeprefix("Value error, ")

@@ -221,7 +221,7 @@ def replay(run_dir: Path, reports_dir: Path | None, console) -> int:
     path = plan.source / "replays" / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-scenario.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(plan.text)
-    loaded: LoadedScenario = parse_scenario(plan.text, path)
+    loaded: LoadedScenario = parse_scenario(plan.text, path, stored_run=plan.source)
     runner = Runner(loaded, reports_dir or plan.source.parent, console=console)
     console.print(f"replay of {plan.source.name} -> {runner.run_dir}")
     try:

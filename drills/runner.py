@@ -16,7 +16,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import LOG_PHASES, Action, LoadedScenario, ManualStep, Scenario, StackSpec, default_oracle
+from drills.scenario import INPUTS_INDEX, LOG_PHASES, Action, LoadedScenario, ManualStep, Scenario, StackSpec, default_oracle
+from drills.scoring import build as build_scorer
 from drills.sse_http import SsePool
 from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
@@ -145,10 +146,25 @@ class Runner:
         self._log_watch: logs.LogWatch | None = None  # the services' logs checks.logs reads, phase by phase
         self.operator = DESK.attach(self.run_id, self.journal)  # `kvdrill note/continue` (drills/gameday/)
 
+    def _keep_inputs(self) -> None:
+        """Copies of the files the scenario names (prompts file, score schema, scorer module) beside its copy,
+        indexed by the name the scenario gives them: analyze and replay of this run read these very bytes,
+        wherever the originals went since."""
+        kept: dict[str, str] = {}
+        for i, (written, file) in enumerate(sorted(self.loaded.inputs.items())):
+            if file.is_file():
+                name = f"inputs/{i}-{file.name}"
+                (self.run_dir / "inputs").mkdir(exist_ok=True)
+                shutil.copyfile(file, self.run_dir / name)
+                kept[written] = name
+        if kept:
+            (self.run_dir / INPUTS_INDEX).write_text(json.dumps(kept, indent=1) + "\n")
+
     # --- entry ---------------------------------------------------------------------------------------
 
     async def run(self) -> Outcome:
         shutil.copyfile(self.loaded.path, self.run_dir / "scenario.yaml")
+        self._keep_inputs()
         self.journal.append("run.started", run_id=self.run_id, scenario=str(self.loaded.path),
                             name=self.scenario.name, seed=self.scenario.seed, kvdrill_pid=os.getpid(),
                             scenario_model=self.scenario.model_dump(mode="json"), allow_targets=list(self.allow_targets),
@@ -281,6 +297,10 @@ class Runner:
         self.prompts = await build_prompts(engine, sc.workload, sc.seed)
         if sc.workload.chaos_prompts == "fresh":
             self.fresh = await build_prompts(engine, sc.workload, sc.seed, fresh=True)
+        if sc.checks.score is not None:  # every answer of every wave is scored as it arrives (drills/scoring.py)
+            scorer = build_scorer(sc.checks.score)
+            self.prompts = replace(self.prompts, scorer=scorer)
+            self.fresh = replace(self.fresh, scorer=scorer) if self.fresh else self.fresh
         every = self.prompts + self.fresh if self.fresh else self.prompts
         # the tokenizer and chat template as fingerprints: answers are only comparable across runs when these match
         self.journal.append("versions.tokenizer", **await tokenizer_identity(engine))

@@ -39,7 +39,8 @@ from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13"]
-CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs"]
+CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
+                    "score"]
 OracleSource = Literal["salted", "baseline", "both"]
 # stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
 # LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
@@ -199,9 +200,10 @@ class WorkloadSpec(_Strict):
                              description="closed (default): `concurrency` at a time; poisson: open loop at `rate`")
     prompts_file: str | None = Field(
         None, description="your own prompts instead of seeded stories: a JSONL file (relative to the scenario), one "
-                          "{\"prompt\": TEXT} or {\"messages\": [{role, content}, ...]} per line, optionally with "
-                          "max_tokens; tokenized by the engine (a chat with its chat template); at most 1024 lines "
-                          "(drills/prompts_file.py). Replaces prompts, shared_prefix_tokens and unique_tokens")
+                          "{\"prompt\": TEXT} (sent to /v1/completions) or {\"messages\": [{role, content}, ...]} "
+                          "(sent to /v1/chat/completions) per line, optionally with max_tokens, request (fields passed "
+                          "to the engine: stop, logprobs, tools, ...) and expected (for checks.score); at most 1024 "
+                          "lines (drills/prompts_file.py). Replaces prompts, shared_prefix_tokens and unique_tokens")
 
     @model_validator(mode="after")
     def _prompts_file_alone(self) -> WorkloadSpec:
@@ -396,6 +398,58 @@ class LogsCheck(_Strict):
     rules: list[LogRule] = Field(default_factory=list)
 
 
+ScoredPhase = Literal["steady", "chaos", "recovery"]
+
+
+class _Scorer(_Strict):
+    pass_at: float = Field(1.0, ge=0, le=1, description="a score at or above this counts as a right answer; below "
+                                                         "it, the answer scores 0 (a 'zero' the report explains)")
+    phases: list[ScoredPhase] = Field(default_factory=lambda: ["steady", "chaos", "recovery"],
+                                      description="the phases whose cached answers are judged")
+
+
+class ExactScorer(_Scorer):
+    """The answer is the line's ``expected`` (whitespace at both ends ignored)."""
+
+    scorer: Literal["exact"]
+    ignore_case: bool = False
+
+
+class RegexScorer(_Scorer):
+    """The answer matches a regular expression (Python re, searched): ``pattern``, else each line's ``expected``."""
+
+    scorer: Literal["regex"]
+    pattern: str | None = Field(None, description="one pattern for every prompt; omitted: each line's expected")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return pattern
+
+
+class JsonSchemaScorer(_Scorer):
+    """The answer is JSON that validates against a JSON Schema (inline, or a file beside the scenario)."""
+
+    scorer: Literal["json_schema"]
+    schema_: dict[str, Any] | str = Field(alias="schema", description="a JSON Schema, or the path of a .json file")
+
+
+class PythonScorer(_Scorer):
+    """``module:function`` (importable, or a .py file beside the scenario), called as
+    ``function(answer=TEXT, line=DICT)`` for each answer; returns a bool or a number in [0, 1]."""
+
+    scorer: Literal["python"]
+    entry: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="module:function")
+
+
+ScoreCheck = Annotated[Union[ExactScorer, RegexScorer, JsonSchemaScorer, PythonScorer], Field(discriminator="scorer")]
+
+
 class ChecksSpec(_Strict):
     correctness: CorrectnessCheck = CorrectnessCheck()
     degenerate: DegenerateCheck = DegenerateCheck()
@@ -405,6 +459,9 @@ class ChecksSpec(_Strict):
     recovery: RecoveryCheck = RecoveryCheck()
     slo: SloCheck = SloCheck()
     logs: LogsCheck = LogsCheck()
+    score: ScoreCheck | None = Field(
+        None, description="the evaluation layer: score each answer (exact, regex, json_schema or python) and tell a "
+                          "cache-caused wrong answer from one the evaluation chain or the request scores 0")
 
 
 class ExpectedOutcome(_Strict):
@@ -613,6 +670,9 @@ class LoadedScenario:
     scenario: Scenario
     fault_params: list[BaseModel]  # one validated params model per chaos.faults entry
     tree: Any = field(default=None, repr=False)  # the YAML round-trip tree, for lines of later findings
+    # the files the scenario names (prompts file, score schema, scorer module): as written -> the file read,
+    # so a run keeps copies of them beside its scenario copy (kvdrill analyze and replay read those)
+    inputs: dict[str, Path] = field(default_factory=dict)
 
     def line_of(self, *loc: Any) -> int | None:
         """The line of ``loc`` (e.g. ``"chaos", "faults", 0``) in the file, for a problem found after
@@ -636,7 +696,36 @@ def load_scenario(path: Path | str) -> LoadedScenario:
     return parse_scenario(text, path)
 
 
-def parse_scenario(text: str, path: Path) -> LoadedScenario:
+# beside a run's scenario copy: each file the scenario names, as written, and the name of its copy in the run
+INPUTS_INDEX = "scenario.inputs.json"
+
+
+class Inputs:
+    """Where the files a scenario names are: beside it, or, for a run's copy of a scenario, the copies the run
+    kept (:data:`INPUTS_INDEX`), so a stored run is analysed and replayed on the very bytes it ran with."""
+
+    def __init__(self, scenario: Path, stored_run: Path | None = None) -> None:
+        self.base = scenario.parent
+        self.found: dict[str, Path] = {}
+        self.stored: dict[str, Path] = {}
+        run = stored_run or (scenario.parent if scenario.name == "scenario.yaml" else None)
+        index = run / INPUTS_INDEX if run is not None else None
+        if run is not None and index is not None and index.is_file():
+            import json
+
+            try:
+                self.stored = {k: run / v for k, v in json.loads(index.read_text()).items()}
+            except (OSError, ValueError, AttributeError):
+                self.stored = {}  # a damaged index: the files are looked for beside the copy, and named if missing
+
+    def path(self, written: str) -> Path:
+        file = self.stored.get(written) or (Path(written) if Path(written).is_absolute() else self.base / written)
+        self.found[written] = file.absolute()
+        return file.absolute()
+
+
+def parse_scenario(text: str, path: Path, stored_run: Path | None = None) -> LoadedScenario:
+    """``stored_run``: a run whose kept inputs the files the scenario names are (a replay of that run)."""
     try:
         document = load_document(text)
     except YamlProblem as exc:
@@ -660,18 +749,20 @@ def parse_scenario(text: str, path: Path) -> LoadedScenario:
         # a stack file named by the scenario is found beside it, wherever kvdrill is run from
         stack = scenario.stack.model_copy(update={"file": str((path.parent / scenario.stack.file).absolute())})
         scenario = scenario.model_copy(update={"stack": stack})
+    inputs = Inputs(path, stored_run)
     if scenario.workload.prompts_file is not None:
-        scenario = _with_prompts_file(scenario, path, data)
-    return LoadedScenario(path=path, scenario=scenario, fault_params=params, tree=data)
+        scenario = _with_prompts_file(scenario, path, data, inputs)
+    if scenario.checks.score is not None:
+        scenario = _with_scorer(scenario, path, data, inputs)
+    return LoadedScenario(path=path, scenario=scenario, fault_params=params, tree=data, inputs=inputs.found)
 
 
-def _with_prompts_file(scenario: Scenario, path: Path, data: Any) -> Scenario:
+def _with_prompts_file(scenario: Scenario, path: Path, data: Any, inputs: Inputs) -> Scenario:
     """The prompts file found beside the scenario and validated now, so `kvdrill validate` reports its
     problems at their lines before anything starts (the prompts file's own path and line numbers)."""
     from drills.prompts_file import PromptsFileError, load_prompts_file
 
-    file = Path(scenario.workload.prompts_file)  # type: ignore[arg-type]
-    file = file if file.is_absolute() else (path.parent / file).absolute()
+    file = inputs.path(scenario.workload.prompts_file)  # type: ignore[arg-type]
     try:
         load_prompts_file(file)
     except PromptsFileError as exc:
@@ -679,6 +770,21 @@ def _with_prompts_file(scenario: Scenario, path: Path, data: Any) -> Scenario:
         raise ScenarioError(path, [Problem(line, "workload.prompts_file", f"{file}:{n if n is not None else '?'}: {why}")
                                    for n, why in exc.problems]) from exc
     return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"prompts_file": str(file)})})
+
+
+def _with_scorer(scenario: Scenario, path: Path, data: Any, inputs: Inputs) -> Scenario:
+    """checks.score resolved against the scenario's directory (a schema file, a scorer module beside it) and
+    checked against the prompt set now: a scorer that needs each line's expected answer names the lines
+    without one, a schema that is not one or an entry that does not import is an error before anything starts."""
+    from drills.scoring import ScorerError, resolve
+
+    spec = scenario.checks.score
+    try:
+        spec = resolve(spec, inputs.path, scenario.workload.prompts_file)  # type: ignore[arg-type]
+    except ScorerError as exc:
+        raise ScenarioError(path, [Problem(_line(data, ("checks", "score", *exc.key)) or _line(data, ("checks", "score")),
+                                           ".".join(("checks.score", *exc.key)), why) for why in exc.problems]) from exc
+    return scenario.model_copy(update={"checks": scenario.checks.model_copy(update={"score": spec})})
 
 
 def _validate_faults(raw_faults: list[Any], data: Any) -> tuple[list[BaseModel], list[Problem]]:

@@ -46,10 +46,20 @@ class Prompt:
     token_ids: list[int]
     group: int | None = 0  # the shared prefix it starts with; None: a prefix of its own (workload.share)
     max_tokens: int | None = None  # its own answer length (a prompts file's line); None: workload.max_tokens
+    # a prompts file's chat: sent as these messages to /v1/chat/completions (token_ids are its rendering by
+    # the engine's /tokenize, what the cache stores); None: token_ids are sent to /v1/completions
+    messages: tuple[dict[str, str], ...] | None = None
+    request: dict[str, Any] = field(default_factory=dict, hash=False)  # fields passed through (a file's line)
+    expected: str | None = None  # the answer the line should get (checks.score)
+    text: str | None = None  # a prompts file's text prompt as written (a python scorer is given it)
 
     @property
     def name(self) -> str:
         return f"p{self.id}"
+
+    @property
+    def endpoint(self) -> str:
+        return "chat" if self.messages is not None else "completions"
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,8 @@ class PromptSet:
     shared_prefix_tokens: int
     seed: int
     source: dict[str, Any] | None = None  # a prompts file's path, sha256, kinds and line numbers; None: seeded
+    # judges each answer's text (checks.score, drills/scoring.py); the runner sets it, every wave scores
+    scorer: Callable[[Prompt, str], Awaitable[dict[str, Any]]] | None = field(default=None, compare=False)
 
     def __iter__(self):
         return iter(self.prompts)
@@ -70,7 +82,7 @@ class PromptSet:
 
     def __add__(self, other: PromptSet) -> PromptSet:
         return PromptSet(prompts=self.prompts + other.prompts, shared_prefix_tokens=self.shared_prefix_tokens,
-                         seed=self.seed)
+                         seed=self.seed, scorer=self.scorer)
 
 
 # vLLM's finish_reason for a request it gave up on (engine shutdown, a client abort): the stream ends
@@ -94,6 +106,8 @@ class Response:
     cached_tokens: int | None = None
     ttft_s: float | None = None  # request sent -> first token received
     itl_s: list[float] = field(default_factory=list)  # gaps between later tokens
+    stop_reason: int | str | None = None  # the stop string or token id that ended the answer
+    rendered_differs: bool = False  # the engine ran other prompt tokens than /tokenize gave (a chat)
 
 
 @dataclass
@@ -104,6 +118,8 @@ class Completion:
     cached_tokens: int | None
     ttft_s: float | None
     itl_s: list[float]
+    stop_reason: int | str | None = None  # the stop string or token id that ended it (vLLM), None: EOS or length
+    prompt_token_ids: list[int] | None = None  # what the engine rendered and ran (a chat's first chunk)
 
 
 class StreamError(RuntimeError):
@@ -162,30 +178,41 @@ class EngineClient:
         r.raise_for_status()
         return list(r.json()["tokens"])
 
-    async def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """A chat as the engine renders it for /v1/chat/completions: its chat template, the generation prompt."""
+    async def tokenize_chat(self, messages: list[dict[str, str]], render: dict[str, Any] | None = None) -> list[int]:
+        """A chat as the engine renders it for /v1/chat/completions: its chat template, the generation prompt,
+        and ``render`` (tools, chat_template_kwargs) as the chat request passes them."""
         r = await self.http.post(f"{self.base_url}/tokenize", json={"model": self.model, "messages": messages,
-                                                                    "add_generation_prompt": True})
+                                                                    "add_generation_prompt": True, **(render or {})})
         r.raise_for_status()
         return list(r.json()["tokens"])
 
     async def complete(self, token_ids: list[int], max_tokens: int, timeout: float,
-                       cache_salt: str | None = None) -> Completion:
+                       cache_salt: str | None = None, *, messages: tuple[dict[str, str], ...] | None = None,
+                       request: dict[str, Any] | None = None) -> Completion:
         """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request.
 
-        ``cache_salt``: vLLM's per-request cache isolation key (the salted oracle sends a fresh one)."""
-        body = {"model": self.model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
-                "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+        ``cache_salt``: vLLM's per-request cache isolation key (the salted oracle sends a fresh one).
+        ``messages``: a chat, sent to /v1/chat/completions (``token_ids`` are its rendering, not sent).
+        ``request``: a prompts file line's pass-through fields (stop strings, logprobs, tools, ...)."""
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, **(request or {}), "temperature": 0,
+                                "seed": 0, "return_token_ids": True, "stream": True,
+                                "stream_options": {"include_usage": True}}
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
+        path = "/v1/completions"
+        if messages is not None:
+            path, body["messages"] = "/v1/chat/completions", list(messages)
+        else:
+            body["prompt"] = token_ids
         async with asyncio.timeout(timeout):
             start = time.perf_counter()
             if self.sse is not None:
-                async with self.sse.post_lines("/v1/completions", self._body(token_ids, body)) as reply:
+                payload = self._body(token_ids, body) if messages is None else json.dumps(body).encode()
+                async with self.sse.post_lines(path, payload) as reply:
                     if reply.status >= 400:
                         reply.raise_for_status(await reply.read())
                     return await _read_stream(reply.lines(), start)
-            async with self.http.stream("POST", f"{self.base_url}/v1/completions", json=body, timeout=timeout) as r:
+            async with self.http.stream("POST", f"{self.base_url}{path}", json=body, timeout=timeout) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     r.raise_for_status()
@@ -193,11 +220,12 @@ class EngineClient:
 
 
 async def _read_stream(lines: AsyncIterator[str], start: float) -> Completion:
-    """A completion from its SSE lines: token ids, text, finish reason, usage, and when tokens came."""
+    """A completion from its SSE lines (a completion's or a chat's: a chat's text is in each choice's
+    ``delta.content``): token ids, text, finish and stop reason, usage, and when tokens came."""
     out: list[int] = []
     text: list[str] = []
     arrivals: list[tuple[float, int]] = []
-    finish, usage = None, {}
+    finish, stop_reason, usage, prompt_ids = None, None, {}, None
     async for line in lines:
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
@@ -205,19 +233,24 @@ async def _read_stream(lines: AsyncIterator[str], start: float) -> Completion:
         if "error" in chunk:
             raise StreamError(chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]})
         usage = chunk.get("usage") or usage
+        if chunk.get("prompt_token_ids") is not None:
+            prompt_ids = list(chunk["prompt_token_ids"])
         for choice in chunk.get("choices") or []:
             ids = list(choice.get("token_ids") or [])
             if ids:
                 arrivals.append((time.perf_counter(), len(ids)))
                 out += ids
-            text.append(choice.get("text") or "")
+            delta = choice.get("delta")
+            text.append((delta.get("content") if isinstance(delta, dict) else choice.get("text")) or "")
             finish = choice.get("finish_reason") or finish
+            if choice.get("stop_reason") is not None:
+                stop_reason = choice["stop_reason"]
     ttft = arrivals[0][0] - start if arrivals else None
     # a chunk carrying n tokens spreads its gap over them (vLLM sends one token per chunk here)
     itl = [round((t - prev) / n, 5) for (prev, _), (t, n) in zip(arrivals, arrivals[1:])]
     details = usage.get("prompt_tokens_details") or {}
     return Completion(token_ids=out, text="".join(text), finish_reason=finish, cached_tokens=details.get("cached_tokens"),
-                      ttft_s=ttft, itl_s=itl)
+                      ttft_s=ttft, itl_s=itl, stop_reason=stop_reason, prompt_token_ids=prompt_ids)
 
 
 async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, fresh: bool = False) -> PromptSet:
@@ -265,9 +298,11 @@ async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet
     loaded = load_prompts_file(path)
     prompts = []
     for i, (_, line) in enumerate(loaded.lines):
-        ids = (await client.tokenize_chat([m.model_dump() for m in line.messages]) if line.messages is not None
+        messages = tuple(m.model_dump() for m in line.messages) if line.messages is not None else None
+        ids = (await client.tokenize_chat(list(messages), line.render) if messages is not None
                else await client.tokenize(line.prompt or "", special_tokens=True))
-        prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens))
+        prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens, messages=messages,
+                              request=dict(line.request), expected=line.expected, text=line.prompt))
     source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
     return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
                      source=source)
@@ -354,7 +389,7 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
     ``oracle_set`` marks oracle answers asked while a fault holds (a model upgrade's v2 answers);
     ``cache_salt`` gives each prompt's salt (the salted oracle), journaled with its request and response."""
     tag = {"oracle_set": oracle_set} if oracle_set else {}
-    send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag, cache_salt)
+    send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag, cache_salt, prompts.scorer)
     if isinstance(spec.arrival, PoissonArrival):
         return await _open_loop(send, prompts, spec.arrival,
                                 random.Random(seeds.arrivals(prompts.seed, journal.phase, target, wave)))
@@ -422,9 +457,11 @@ class _Sender:
 
     def __init__(self, client: EngineClient, spec: WorkloadSpec, journal: Journal, target: str, wave: int,
                  on_request: Callable[[], Awaitable[None]] | None, on_failure: Callable[[], dict[str, Any]] | None,
-                 tag: dict[str, Any], cache_salt: Callable[[Prompt], str] | None = None) -> None:
+                 tag: dict[str, Any], cache_salt: Callable[[Prompt], str] | None = None,
+                 scorer: Callable[[Prompt, str], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.client, self.spec, self.journal, self.target, self.wave = client, spec, journal, target, wave
         self.on_request, self.on_failure, self.tag, self.cache_salt = on_request, on_failure, tag, cache_salt
+        self.scorer = scorer
 
     async def __call__(self, prompt: Prompt, due: _Schedule | None) -> Response:
         spec, journal, target, wave = self.spec, self.journal, self.target, self.wave
@@ -434,9 +471,14 @@ class _Sender:
         timing: dict[str, Any] = {}
         if due is not None:
             timing = {"scheduled_s": round(due.offset, 4), "send_delay_s": round(time.perf_counter() - due.at, 4)}
+        shape: dict[str, Any] = {}
+        if prompt.messages is not None:
+            shape["endpoint"] = "chat"
+        if prompt.request:
+            shape["request_fields"] = prompt.request
         journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                        prompt_tokens=len(prompt.token_ids), max_tokens=prompt.max_tokens or spec.max_tokens,
-                       deadline_s=spec.request_timeout, durable=False, **timing, **tag)
+                       deadline_s=spec.request_timeout, durable=False, **shape, **timing, **tag)
         if self.on_request is not None:
             await self.on_request()
         start = time.perf_counter() if due is None else due.at
@@ -444,7 +486,8 @@ class _Sender:
         try:
             salted = {"cache_salt": salt} if salt is not None else {}
             done = await self.client.complete(prompt.token_ids, prompt.max_tokens or spec.max_tokens,
-                                              spec.request_timeout, **salted)
+                                              spec.request_timeout, **salted, messages=prompt.messages,
+                                              request=prompt.request or None)
             # open loop: time to first token also counts from the scheduled time (the queue is part of it)
             ttft = done.ttft_s if done.ttft_s is None else done.ttft_s + (sent - start)
             aborted = done.finish_reason == ABORTED
@@ -454,6 +497,11 @@ class _Sender:
             if aborted:
                 resp.error_kind = "aborted"
                 resp.error = f"the engine aborted the request after {len(done.token_ids)} tokens (finish_reason abort)"
+            resp.stop_reason = done.stop_reason
+            # a chat's prompt is rendered by the server: if that is not what /tokenize said, chunks by prompt
+            # and first-diff would be aimed at other tokens than the engine ran, so every answer says so
+            if done.prompt_token_ids is not None and done.prompt_token_ids != prompt.token_ids:
+                resp.rendered_differs = True
         except (httpx.HTTPError, TimeoutError, StreamError, KeyError, IndexError, ValueError) as exc:
             detail = ""
             if isinstance(exc, httpx.HTTPStatusError):
@@ -469,9 +517,16 @@ class _Sender:
                      "service_state": self.on_failure() if self.on_failure else None}
         if due is not None:
             extra["service_latency_s"] = round(time.perf_counter() - sent, 4)
+        if resp.stop_reason is not None:
+            extra["stop_reason"] = resp.stop_reason
+        if resp.rendered_differs:
+            extra["rendered_differs"] = True
         journal.append("response", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
                        ok=resp.ok, token_ids=resp.token_ids, text=resp.text, finish_reason=resp.finish_reason,
                        latency_s=round(resp.latency_s, 4), error=resp.error, cached_tokens=resp.cached_tokens,
                        ttft_s=None if resp.ttft_s is None else round(resp.ttft_s, 4), itl_s=resp.itl_s,
                        durable=False, **extra, **tag)
+        if self.scorer is not None and resp.ok:
+            journal.append("score", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
+                           durable=False, **await self.scorer(prompt, resp.text), **tag)
         return resp

@@ -48,6 +48,7 @@ class Response(_Data):
     cached_tokens: int | None = None
     oracle_set: Hashable = None
     cache_salt: str | None = None
+    stop_reason: int | str | None = None
 
     @model_validator(mode="after")
     def _answer_has_tokens(self) -> Response:
@@ -83,6 +84,13 @@ class ObserveLogCheck(_Data):
     patterns: list[str]
     counts: list[int]
     hits: list[LogHit] = []
+
+
+class Score(_Data):
+    request_id: str
+    score: FiniteFloat | None = None
+    passed: bool | None = None
+    error: str | None = None
 
 
 class Status(_Data):
@@ -141,7 +149,7 @@ SHAPES: dict[str, type[_Data]] = {
     "service.stopped": ServiceStopped, "observe.shm": ObserveShm, "fault.injected": FaultInjected,
     "fault.healed": FaultHealed, "service.died": ServiceDied, "warm.stored": WarmStored,
     "service.start_failed": ServiceStartFailed,
-    "workload.prompts": WorkloadPrompts, "observe.log_check": ObserveLogCheck,
+    "workload.prompts": WorkloadPrompts, "observe.log_check": ObserveLogCheck, "score": Score,
 }
 _ADAPTERS = {t: TypeAdapter(m) for t, m in SHAPES.items()}
 
@@ -157,6 +165,7 @@ READS: dict[str, tuple[str, ...]] = {
     "slo": ("response", "observe.metrics", "warm.stored", "workload.prompts", *FAULTS),
     "oracle": ("response", "observe.metrics"),
     "logs": ("observe.log_check",),
+    "score": ("response", "score", *FAULTS),
 }
 
 

@@ -101,6 +101,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
                 out.append("- " + _evidence_line(ev))
             if len(c["evidence"]) > 20:
                 out.append(f"- … {len(c['evidence']) - 20} more in verdict.json")
+    out += _score_section(doc)
     out += ["", "## Hit rate by phase", "", "| phase | LMCache hit/requested tokens | L1 / L2 hit tokens | vLLM external hits/queries | vLLM APC hits/queries |",
             "|---|---|---|---|---|"]
     for phase, r in doc["metrics"]["per_phase"].items():
@@ -279,8 +280,30 @@ def _latency_section(history: History) -> list[str]:
     return out
 
 
+def _score_section(doc: dict[str, Any]) -> list[str]:
+    """The evaluation layer's zeros by where they came from (checks.score; drills/checkers/score.py)."""
+    c = next((c for c in doc["checks"] if c["name"] == "score"), None)
+    if c is None or "zeros" not in c["details"]:
+        return []
+    d = c["details"]
+    z = d["zeros"]
+    return ["", "## Answers scored", "",
+            f"Scorer `{d['scorer']}` (right at or above {d['pass_at']:g}): {d['right']}/{d['scored']} cached answers "
+            f"right in {', '.join(d['per_phase'])}. An answer below it is one of three kinds of zero:", "",
+            "| zero | answers | what it means |", "|---|---|---|",
+            f"| differs from the no-cache answer | {z['cache']} | the cache (or generation) changed the answer |",
+            f"| equals the no-cache answer | {z['evaluation']} | the evaluation chain (expected answer, scorer) or "
+            "the model, not the cache |",
+            f"| empty because of the request | {z['request']} | a stop string matched at once, or max_tokens ran out "
+            "before any text |"]
+
+
 def _evidence_line(ev: dict[str, Any]) -> str:
     if ev.get("kind") == "response":
+        if "score_ref" in ev:
+            theirs = f", no-cache {ev['oracle_score']}" if "oracle_score" in ev else ""
+            return (f"`{ev['request_id']}` ({ev['ref']}, score {ev['score_ref']}): scored {ev['score']}{theirs}: "
+                    f"{ev['why']}; got {_clip(ev.get('text') or '')!r}")
         if "first_diff_token" in ev:
             return (f"`{ev['request_id']}` ({ev['ref']}, oracle {ev['oracle_ref']}): first differing token "
                     f"#{ev['first_diff_token']} (expected id {ev['expected_token']}, got {ev['actual_token']}); "

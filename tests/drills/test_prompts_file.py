@@ -142,3 +142,80 @@ async def test_the_tokenizer_and_chat_template_are_fingerprinted_and_a_missing_t
     async with httpx.AsyncClient(transport=httpx.MockTransport(no_template), base_url="http://engine") as http:
         ids = await tokenizer_identity(EngineClient("http://engine", "m", http))
     assert ids["tokenizer"]["probe_tokens"] == 2 and ids["chat_template"]["error"].startswith("HTTPStatusError")
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ('{"prompt": "a", "request": {"temperature": 0.7}}', "request: temperature: not a line's to "
+                                                         "set (sampling stays greedy"),
+    ('{"prompt": "a", "request": {"stpo": ["x"]}}', "request: stpo: unknown field; allowed: allowed_token_ids, bad_words"),
+    ('{"prompt": "a", "request": {"tools": []}}', "tools only apply to a chat (messages), not to a text prompt"),
+])
+def test_a_lines_request_fields_are_checked_against_what_the_engine_takes(tmp_path, line, says):
+    path = _write(tmp_path, '{"prompt": "fine", "request": {"stop": ["\\n"], "logprobs": 2}}', line)
+    with pytest.raises(PromptsFileError) as exc:
+        load_prompts_file(path)
+    assert says in str(exc.value) and f"{path}:2:" in str(exc.value)
+
+
+def _chat_engine(seen: list[tuple[str, dict]], rendered: list[int] | None = None):
+    """/tokenize and both completion endpoints as vLLM streams them (a chat's text in delta.content, its
+    rendered prompt ids in the first chunk)."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.path, body))
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [1, 2, 3] if "messages" in body else [1, 9]})
+        chat = request.url.path == "/v1/chat/completions"
+        first = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]} if chat else None
+        if first is not None:
+            first["prompt_token_ids"] = rendered if rendered is not None else [1, 2, 3]
+        piece = {"index": 0, "token_ids": [7], "finish_reason": "stop", "stop_reason": "\n\n",
+                 **({"delta": {"content": "Hi"}} if chat else {"text": "Hi"})}
+        lines = [first, {"choices": [piece]}] if first else [{"choices": [piece]}]
+        body_out = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in lines) + b"data: [DONE]\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body_out)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://engine")
+
+
+async def test_a_chat_goes_to_the_chat_endpoint_with_its_fields_and_a_text_prompt_to_completions(tmp_path):
+    tools = [{"type": "function", "function": {"name": "page_oncall", "parameters": {"type": "object"}}}]
+    path = _write(tmp_path, json.dumps({"messages": [SYSTEM, {"role": "user", "content": "Who?"}],
+                                        "request": {"tools": tools, "stop": ["\n\n"]}, "expected": "Hi"}),
+                  json.dumps({"prompt": "x", "request": {"logprobs": 1}}))
+    seen: list[tuple[str, dict]] = []
+    journal = Journal(tmp_path / "run")
+    journal.phase = "warm"
+    async with _chat_engine(seen) as http:
+        client = EngineClient("http://engine", "m", http)
+        prompts = await file_prompts(client, path, seed=1)
+        await send_wave(client, prompts, WorkloadSpec(max_tokens=4, concurrency=1), journal, target="engine", wave=1)
+    journal.close()
+    tokenize_chat = seen[0][1]
+    assert tokenize_chat["tools"] == tools and "stop" not in tokenize_chat  # what renders the prompt, only
+    [(_, chat)] = [(p, b) for p, b in seen if p == "/v1/chat/completions"]
+    [(_, text)] = [(p, b) for p, b in seen if p == "/v1/completions"]
+    assert chat["messages"][0] == SYSTEM and chat["tools"] == tools and chat["stop"] == ["\n\n"]
+    assert chat["temperature"] == 0 and chat["return_token_ids"] is True and "prompt" not in chat
+    assert text["prompt"] == [1, 9] and text["logprobs"] == 1 and "messages" not in text
+    events = [json.loads(x) for x in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
+    requests = {e["data"]["prompt_id"]: e["data"] for e in events if e["type"] == "request"}
+    responses = {e["data"]["prompt_id"]: e["data"] for e in events if e["type"] == "response"}
+    assert requests[0]["endpoint"] == "chat" and "endpoint" not in requests[1]
+    assert requests[0]["request_fields"]["stop"] == ["\n\n"]
+    assert responses[0]["text"] == "Hi" and responses[0]["token_ids"] == [7] and responses[0]["stop_reason"] == "\n\n"
+    assert "rendered_differs" not in responses[0] and prompts.prompts[0].expected == "Hi"
+
+
+async def test_a_chat_the_server_rendered_otherwise_than_tokenize_says_so_on_every_answer(tmp_path):
+    path = _write(tmp_path, json.dumps({"messages": [SYSTEM, {"role": "user", "content": "Who?"}]}))
+    journal = Journal(tmp_path / "run")
+    journal.phase = "warm"
+    async with _chat_engine([], rendered=[1, 2, 4]) as http:
+        client = EngineClient("http://engine", "m", http)
+        await send_wave(client, await file_prompts(client, path, seed=1), WorkloadSpec(max_tokens=4), journal,
+                        target="engine", wave=1)
+    journal.close()
+    [response] = [json.loads(x) for x in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()
+                  if json.loads(x)["type"] == "response"]
+    assert response["data"]["rendered_differs"] is True
