@@ -549,6 +549,36 @@ def _check_run(run_dir: Path, verb: str, need_journal: bool = True) -> None:
 
 
 @app.command()
+def watch(run: str = typer.Argument(..., help="run id under --reports-dir, or a run directory"),
+          reports_dir: Path = REPORTS,
+          plain: bool = typer.Option(False, "--plain", help="a line per change instead of the live panel"),
+          once: bool = typer.Option(False, "--once", help="what the journal holds now, then exit"),
+          textfile: Path | None = typer.Option(None, "--textfile", help="write the live series here (Prometheus "
+                                                                       "text format, for node_exporter's textfile "
+                                                                       "collector), rewritten as they change"),
+          metrics_port: int | None = typer.Option(None, "--metrics-port", min=1, max=65535,
+                                                  help="serve the live series at http://127.0.0.1:PORT/metrics"),
+          as_json: bool = typer.Option(False, "--json", help="the final numbers as JSON")) -> None:
+    """Game day: follow a drill as it runs: phase, faults, answers correct/wrong/failed/empty against the
+    no-cache oracle, hit rate by tier next to the correct-answer rate, and the running verdict; the first wrong
+    answer shows as a FAIL candidate as soon as its response is journaled. Ends with the run's verdict; exit
+    status the run's own, else 1 with a FAIL candidate, 0 without."""
+    from drills.rundir import RunDirError, resolve_run
+    from drills.watch import WatchOptions, watch_run
+
+    try:
+        [run_dir] = resolve_run(run, reports_dir)
+    except RunDirError as exc:
+        err.print(f"cannot watch: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
+    except ValueError:
+        err.print(f"cannot watch {run}: a suite directory holds several runs; name one", markup=False)
+        raise typer.Exit(2) from None
+    opts = WatchOptions(once=once, plain=plain, textfile=textfile, metrics_port=metrics_port, as_json=as_json)
+    raise typer.Exit(watch_run(run_dir, opts, Console()))
+
+
+@app.command()
 def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
             checks: str | None = typer.Option(None, "--checks", help="comma-separated checks to run (default: "
                                                                     "the scenario's)"),

@@ -218,6 +218,14 @@ class _BadLine(ValueError):
     pass
 
 
+def decode_line(line: bytes) -> Event:
+    """One journal line as an event (a follower's, such as ``kvdrill watch``); ValueError says what is wrong."""
+    try:
+        return _decode(json.loads(line))
+    except RecursionError as exc:
+        raise ValueError(f"undecodable journal line ({type(exc).__name__})") from None
+
+
 def _decode(obj: Any) -> Event:
     """An event from one decoded line; a field of the wrong type is named with what it should be, so a
     damaged journal never hands the checkers a ``seq`` that is a string or a ``data`` that is a list."""

@@ -1,10 +1,15 @@
 """A drill on the real sandbox fed by a prompts file instead of seeded stories: chats that share a long
-system prompt (a runbook, as an assistant's deployment has) and one plain text prompt, tokenized by the
-engine itself (the chats through its chat template), and the flagship's fault: chunk 1 of every prompt
-zeroed in the fs L2, read back with LMCache's L1 and vLLM's prefix cache emptied. The drill FAILs on
-correctness with a first differing token, the journal names the file by its sha256 and line numbers, the
-chats' shared prefix is the template plus the system prompt, and a line's own max_tokens is what its
-requests asked for."""
+system prompt (a runbook, as an assistant's deployment has), sent to vLLM's /v1/chat/completions, and one
+plain text prompt, tokenized by the engine itself (the chats through its chat template), and the flagship's
+fault: chunk 1 of every prompt zeroed in the fs L2, read back with LMCache's L1 and vLLM's prefix cache
+emptied. The drill FAILs on correctness with a first differing token, the journal names the file by its
+sha256 and line numbers, the chats' shared prefix is the template plus the system prompt, the chat
+endpoint ran exactly the tokens /tokenize gave, and a line's own max_tokens is what its requests asked for.
+
+The evaluation layer scores every answer (checks.score, a regex per line): a line whose expected answer no
+model gives is a zero of the evaluation chain (its cached answer equals the no-cache one), a line whose own
+stop strings empty its answer is a zero of the request, and neither is blamed on the cache. `kvdrill
+analyze` reproduces the stored verdict from the journal and the inputs the run kept."""
 
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ RUNBOOK = " ".join(f"Step {i}: if the {w} of shard {i % 7} looks wrong, compare 
                                                                                   "queue depth"] * 15))
 QUESTIONS = ["Which step covers a falling hit rate?", "Summarise step 12 in one line.",
              "What comes after step 30?"]
+# every character an answer can start with: vLLM ends the answer before it, empty, stop_reason the string
+STOP_AT_ONCE = [chr(c) for c in range(32, 127)] + ["\n"]
 
 
 def _events(run_dir, type_):
@@ -30,14 +37,17 @@ def _events(run_dir, type_):
 
 def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_path):
     lines = [{"messages": [{"role": "system", "content": "You are the on-call assistant. " + RUNBOOK},
-                           {"role": "user", "content": q}]} for q in QUESTIONS]
-    lines.append({"prompt": "Incident notes, in order. " + RUNBOOK[::-1][:3000], "max_tokens": 6})
+                           {"role": "user", "content": q}], "expected": "\\S"} for q in QUESTIONS]
+    lines[1]["expected"] = "kvdrill: an answer no model gives"  # a wrong expected answer: the evaluation chain's zero
+    lines[2]["request"] = {"stop": STOP_AT_ONCE}  # the answer's first character is a stop string: the request's zero
+    lines.append({"prompt": "Incident notes, in order. " + RUNBOOK[::-1][:3000], "max_tokens": 6, "expected": "\\S"})
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     scenario = tmp_path / "my-prompts.yaml"
     scenario.write_text(
         "name: my-prompts-zeroed-chunk\nseed: 3\nstack: {lmcache: {l2_serde: none}}\n"
         "workload: {prompts_file: prompts.jsonl, max_tokens: 12, concurrency: 1}\n"
+        "checks: {score: {scorer: regex}}\n"
         "chaos:\n  faults:\n    - {injector: kv_corrupt, params: {mode: zero, prompts: all, chunk: 1}}\n"
         "  actions: [clear_l1, reset_prefix_cache]\n"
         "recovery: {actions: [clear_l1, reset_prefix_cache]}\n")
@@ -61,3 +71,23 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     assert shared >= 512  # the template and the runbook: two full chunks every chat shares
     asked = {e["data"]["prompt_id"]: e["data"]["max_tokens"] for e in _events(run_dir, "request")}
     assert asked[3] == 6 and asked[0] == asked[1] == asked[2] == 12
+
+    # the chats went to the chat endpoint, which ran exactly what /tokenize rendered (chunks by prompt aim true)
+    requests = _events(run_dir, "request")
+    assert {e["data"]["prompt_id"] for e in requests if e["data"].get("endpoint") == "chat"} == {0, 1, 2}
+    assert not [e for e in _events(run_dir, "response") if e["data"].get("rendered_differs")]
+    # the evaluation layer: each kind of zero where it belongs
+    score = checks["score"]
+    zeros = score["details"]["zeros"]
+    kinds = {(e["prompt_id"], e["phase"]): e["why"] for e in score["evidence"] if "score_ref" in e}
+    assert kinds[(1, "steady")].startswith("equals the no-cache answer and scores 0.0: the evaluation chain")
+    assert kinds[(2, "steady")].startswith("empty because of the request: the stop string")
+    assert zeros["evaluation"] >= 2 and zeros["request"] >= 2  # steady and recovery, at least
+    assert len(_events(run_dir, "score")) == len([e for e in _events(run_dir, "response") if e["data"]["ok"]])
+    assert "## Answers scored" in (run_dir / "report.md").read_text()
+    # offline, from the journal and the prompts file the run kept: the same verdict, byte for byte
+    assert json.loads((run_dir / "scenario.inputs.json").read_text()) == {"prompts.jsonl": "inputs/0-prompts.jsonl"}
+    prompts.unlink()
+    again = run_kvdrill(["analyze", str(run_dir), "--no-write"], timeout=300)
+    assert again.returncode == proc.returncode and "identical to the stored verdict" in again.stdout, \
+        again.stdout + again.stderr
