@@ -14,6 +14,8 @@ through to the engine (stop strings, logprobs, penalties, ...), named in :data:`
 error here rather than a field the engine silently ignores. Sampling stays greedy (temperature 0): the checks
 compare answers token by token, so ``temperature``, ``top_p`` and ``n`` are kvdrill's, not the line's.
 ``expected`` is the answer the line should get, for ``checks.score`` (the evaluation layer, drills/scoring.py).
+``at`` is when the line was sent in a recorded trace (seconds from its start): ``workload.arrival: trace``
+replays the lines at those times, scaled by its ``speed``.
 
 The file is validated when the scenario is, each problem reported as ``FILE:LINE: field: why`` with the
 allowed values, and read with a size cap (drills/inputs.py): a prompt set is data, never code.
@@ -72,6 +74,8 @@ class PromptLine(_Strict):
     request: dict[str, Any] = Field(default_factory=dict, description="fields passed through to the engine's "
                                     "request (stop, logprobs, penalties, tools, ...; see REQUEST_FIELDS)")
     expected: str | None = Field(None, description="the answer this prompt should get, for checks.score")
+    at: float | None = Field(None, ge=0, le=7 * 86400, description="seconds into a recorded trace: when "
+                             "workload.arrival: trace sends this line")
 
     @model_validator(mode="after")
     def _one_kind(self) -> PromptLine:
@@ -160,8 +164,8 @@ def load_prompts_file(path: Path) -> PromptsFile:
 
 def _message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
-        return ("unknown field; allowed: prompt, messages, max_tokens, request, expected (and role, content in a "
-                "message)")
+        return ("unknown field; allowed: prompt, messages, max_tokens, request, expected, at (and role, content "
+                "in a message)")
     if err["type"] == "literal_error":
         return f"{err['msg']}"  # pydantic names the allowed values
     return err["msg"].removeprefix("Value error, ")

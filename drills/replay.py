@@ -76,7 +76,19 @@ def recorded_trigger(fired: dict[str, Any], fired_ts: float, history: History) -
     if start is None:
         raise ReplayError(f"fault fired by {kind} but the journal has no chaos request to time it from")
     at = max(0.0, round(float(fired.get("t", fired_ts)) - start, 3))
+    speed = _trace_speed(history)  # `at` counts in a replayed trace's seconds: wall seconds times its speed
+    if speed != 1.0:
+        return {"at": round(at * speed, 3)}, (f"{kind} held {at}s after chaos traffic started: replayed at that moment "
+                                              f"({round(at * speed, 3)}s of the trace at speed {speed})")
     return {"at": at}, f"{kind} held {at}s after chaos traffic started: replayed at that moment"
+
+
+def _trace_speed(history: History) -> float:
+    started = history.first("run.started")
+    arrival = (((started.data if started else {}).get("scenario_model") or {}).get("workload") or {}).get("arrival")
+    if isinstance(arrival, dict) and arrival.get("mode") == "trace" and isinstance(arrival.get("speed"), (int, float)):
+        return float(arrival["speed"])
+    return 1.0
 
 
 def chosen_targets(history: History) -> dict[str, str]:

@@ -43,7 +43,17 @@ from drills.observe.lmcache_status import above_baseline
 from drills.observe.prom import total
 from drills.report import write_reports
 from drills.report.manifest import versions_manifest
-from drills.scenario import INPUTS_INDEX, LOG_PHASES, Action, LoadedScenario, ManualStep, Scenario, StackSpec, default_oracle
+from drills.scenario import (
+    INPUTS_INDEX,
+    LOG_PHASES,
+    Action,
+    LoadedScenario,
+    ManualStep,
+    Scenario,
+    StackSpec,
+    TraceArrival,
+    default_oracle,
+)
 from drills.scoring import build as build_scorer
 from drills.sse_http import SsePool
 from drills.stack.api import Stack, capability_problems, stack_kind
@@ -480,7 +490,8 @@ class Runner:
     async def _chaos_traffic(self, engine: EngineClient, triggered: list) -> None:
         """Chaos waves, with each triggered fault firing while they run; a trigger that never fires
         during the traffic is an ERROR (the fault was not injected, so nothing was tested)."""
-        state = TriggerState(probe=self._store_probe())
+        arrival = self.scenario.workload.arrival
+        state = TriggerState(probe=self._store_probe(), speed=arrival.speed if isinstance(arrival, TraceArrival) else 1.0)
         fired: dict[int, bool] = {}
 
         async def arm(i: int, fault, injector: Injector) -> None:

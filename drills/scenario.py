@@ -178,7 +178,18 @@ class PoissonArrival(_Strict):
                                                                  "for a slot and the wait is journaled")
 
 
-Arrival = Annotated[Union[ClosedArrival, PoissonArrival], Field(discriminator="mode")]
+class TraceArrival(_Strict):
+    """Open loop at a recorded pace: each line of ``workload.prompts_file`` is sent at its own ``at`` (seconds
+    into the trace) divided by ``speed``, so an incident retro replays the traffic of the incident; a fault's
+    ``trigger.at`` counts in the same trace seconds."""
+
+    mode: Literal["trace"]
+    speed: float = Field(1.0, gt=0, le=1000, description="2: twice as fast as recorded; 0.5: half as fast")
+    max_outstanding: int = Field(64, ge=1, le=1024, description="requests in flight at most; a due request waits "
+                                                                 "for a slot and the wait is journaled")
+
+
+Arrival = Annotated[Union[ClosedArrival, PoissonArrival, TraceArrival], Field(discriminator="mode")]
 
 
 class WorkloadSpec(_Strict):
@@ -197,7 +208,8 @@ class WorkloadSpec(_Strict):
     share: ShareSpec | None = Field(
         None, description="share ratios: which prompts share which prefix; omitted: every prompt shares one prefix")
     arrival: Arrival = Field(default_factory=ClosedArrival,
-                             description="closed (default): `concurrency` at a time; poisson: open loop at `rate`")
+                             description="closed (default): `concurrency` at a time; poisson: open loop at `rate`; "
+                                         "trace: open loop at each prompts-file line's `at`, scaled by `speed`")
     prompts_file: str | None = Field(
         None, description="your own prompts instead of seeded stories: a JSONL file (relative to the scenario), one "
                           "{\"prompt\": TEXT} (sent to /v1/completions) or {\"messages\": [{role, content}, ...]} "
@@ -215,6 +227,13 @@ class WorkloadSpec(_Strict):
         if self.chaos_prompts == "fresh":
             raise ValueError("workload.chaos_prompts: fresh draws a second seeded prompt set, which a prompts_file "
                              "has not; use same (or a second drill with other prompts)")
+        return self
+
+    @model_validator(mode="after")
+    def _trace_has_a_file(self) -> WorkloadSpec:
+        if isinstance(self.arrival, TraceArrival) and self.prompts_file is None:
+            raise ValueError("workload.arrival: trace sends a prompts_file's lines at their `at`; give "
+                             "workload.prompts_file")
         return self
 
     @model_validator(mode="after")
@@ -764,11 +783,17 @@ def _with_prompts_file(scenario: Scenario, path: Path, data: Any, inputs: Inputs
 
     file = inputs.path(scenario.workload.prompts_file)  # type: ignore[arg-type]
     try:
-        load_prompts_file(file)
+        loaded = load_prompts_file(file)
     except PromptsFileError as exc:
         line = _line(data, ("workload", "prompts_file"))
         raise ScenarioError(path, [Problem(line, "workload.prompts_file", f"{file}:{n if n is not None else '?'}: {why}")
                                    for n, why in exc.problems]) from exc
+    untimed = [n for n, pl in loaded.lines if pl.at is None]
+    if isinstance(scenario.workload.arrival, TraceArrival) and untimed:
+        shown = ", ".join(map(str, untimed[:10])) + (f" and {len(untimed) - 10} more" if len(untimed) > 10 else "")
+        raise ScenarioError(path, [Problem(_line(data, ("workload", "arrival")), "workload.arrival",
+                                           f"trace needs an `at` (seconds into the trace) on every line of {file}; "
+                                           f"line(s) {shown} have none")])
     return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"prompts_file": str(file)})})
 
 

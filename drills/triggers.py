@@ -28,7 +28,8 @@ class Trigger(BaseModel):
     """Exactly one of ``at``, ``after_requests`` or ``when``; no trigger means "before chaos traffic"."""
 
     model_config = ConfigDict(extra="forbid")
-    at: Duration | None = Field(None, description="seconds after chaos traffic starts")
+    at: Duration | None = Field(None, description="seconds after chaos traffic starts (with workload.arrival: trace, "
+                                                  "seconds of the trace, scaled by its speed)")
     after_requests: int | None = Field(None, ge=1, description="fire once this many chaos requests were sent")
     when: Literal["store_in_flight"] | None = Field(
         None, description="store_in_flight: LMCache starts writing KV (the kernel's event for a new .tmp file in "
@@ -102,6 +103,7 @@ class TriggerState:
     probe: StoreProbe
     started: float = field(default_factory=time.monotonic)
     requests_sent: int = 0
+    speed: float = 1.0  # a replayed trace's speed: `at` is in trace seconds (workload.arrival: trace)
     _sent: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def note_request(self) -> None:
@@ -117,8 +119,8 @@ class TriggerTimeout(RuntimeError):
 async def wait_for(trigger: Trigger, state: TriggerState) -> dict[str, Any]:
     """Block until ``trigger`` holds; return what was observed when it did (journaled by the caller)."""
     if trigger.at is not None:
-        await asyncio.sleep(max(0.0, state.started + trigger.at - time.monotonic()))
-        return {"trigger": "at", "at_s": trigger.at}
+        await asyncio.sleep(max(0.0, state.started + trigger.at / state.speed - time.monotonic()))
+        return {"trigger": "at", "at_s": trigger.at, **({"speed": state.speed} if state.speed != 1.0 else {})}
     if trigger.after_requests is not None:
         async with state._sent:
             await state._sent.wait_for(lambda: state.requests_sent >= trigger.after_requests)

@@ -25,7 +25,7 @@ import httpx
 
 from drills import seeds
 from drills.journal import Journal
-from drills.scenario import PoissonArrival, WorkloadSpec, share_count
+from drills.scenario import PoissonArrival, TraceArrival, WorkloadSpec, share_count
 from drills.sse_http import SsePool
 
 _WORDS = (
@@ -52,6 +52,7 @@ class Prompt:
     request: dict[str, Any] = field(default_factory=dict, hash=False)  # fields passed through (a file's line)
     expected: str | None = None  # the answer the line should get (checks.score)
     text: str | None = None  # a prompts file's text prompt as written (a python scorer is given it)
+    at: float | None = None  # seconds into a recorded trace (workload.arrival: trace)
 
     @property
     def name(self) -> str:
@@ -302,7 +303,7 @@ async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet
         ids = (await client.tokenize_chat(list(messages), line.render) if messages is not None
                else await client.tokenize(line.prompt or "", special_tokens=True))
         prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens, messages=messages,
-                              request=dict(line.request), expected=line.expected, text=line.prompt))
+                              request=dict(line.request), expected=line.expected, text=line.prompt, at=line.at))
     source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
     return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
                      source=source)
@@ -391,8 +392,12 @@ async def send_wave(client: EngineClient, prompts: PromptSet, spec: WorkloadSpec
     tag = {"oracle_set": oracle_set} if oracle_set else {}
     send = _Sender(client, spec, journal, target, wave, on_request, on_failure, tag, cache_salt, prompts.scorer)
     if isinstance(spec.arrival, PoissonArrival):
-        return await _open_loop(send, prompts, spec.arrival,
-                                random.Random(seeds.arrivals(prompts.seed, journal.phase, target, wave)))
+        rng = random.Random(seeds.arrivals(prompts.seed, journal.phase, target, wave))
+        return await _open_loop(send, prompts, poisson_schedule(rng, spec.arrival.rate, len(prompts)),
+                                spec.arrival.max_outstanding)
+    if isinstance(spec.arrival, TraceArrival):
+        return await _open_loop(send, prompts, trace_schedule(prompts, spec.arrival.speed),
+                                spec.arrival.max_outstanding)
     gate = asyncio.Semaphore(spec.concurrency)
 
     async def one(prompt: Prompt) -> Response:
@@ -412,25 +417,34 @@ def poisson_schedule(rng: random.Random, rate: float, n: int) -> list[float]:
     return out
 
 
-async def _open_loop(send: _Sender, prompts: PromptSet, arrival: PoissonArrival, rng: random.Random) -> list[Response]:
+def trace_schedule(prompts: PromptSet, speed: float) -> list[float]:
+    """Send offsets of a recorded trace's lines: each ``at`` from the trace's first request, divided by
+    ``speed``. A wave sends its prompts in time order, so the offsets come back sorted with the prompts."""
+    first = min(p.at or 0.0 for p in prompts)
+    return [((p.at or 0.0) - first) / speed for p in prompts]
+
+
+async def _open_loop(send: _Sender, prompts: PromptSet, offsets: list[float], max_outstanding: int) -> list[Response]:
     """Fire each prompt at its scheduled time whatever is still in flight, up to ``max_outstanding``.
 
     A request's latency counts from its scheduled time, not from when it left: a generator that waits
     for the engine before sending hides the queue it would have built (coordinated omission)."""
     loop = asyncio.get_running_loop()
-    offsets = poisson_schedule(rng, arrival.rate, len(prompts))
-    slots = asyncio.Semaphore(arrival.max_outstanding)
+    order = sorted(range(len(offsets)), key=lambda k: offsets[k])  # a trace's lines need not be in time order
+    prompt_list = list(prompts)
+    timed = [(prompt_list[k], offsets[k]) for k in order]
+    slots = asyncio.Semaphore(max_outstanding)
     start = loop.time()
     clock0 = time.perf_counter() - start  # loop.time() -> perf_counter(): both monotonic, same process
     tasks: list[asyncio.Task[Response]] = []
     try:
-        for prompt, offset in zip(prompts, offsets):
+        for prompt, offset in timed:
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             if slots.locked():
                 send.journal.append("workload.outstanding_cap", target=send.target, wave=send.wave,
-                                    prompt_id=prompt.id, cap=arrival.max_outstanding, scheduled_s=round(offset, 4),
+                                    prompt_id=prompt.id, cap=max_outstanding, scheduled_s=round(offset, 4),
                                     behind_s=round(loop.time() - start - offset, 4))
             await slots.acquire()
             scheduled = clock0 + start + offset
@@ -484,10 +498,13 @@ class _Sender:
         start = time.perf_counter() if due is None else due.at
         sent = time.perf_counter()
         try:
-            salted = {"cache_salt": salt} if salt is not None else {}
+            shaped: dict[str, Any] = {"cache_salt": salt} if salt is not None else {}
+            if prompt.messages is not None:
+                shaped["messages"] = prompt.messages
+            if prompt.request:
+                shaped["request"] = prompt.request
             done = await self.client.complete(prompt.token_ids, prompt.max_tokens or spec.max_tokens,
-                                              spec.request_timeout, **salted, messages=prompt.messages,
-                                              request=prompt.request or None)
+                                              spec.request_timeout, **shaped)
             # open loop: time to first token also counts from the scheduled time (the queue is part of it)
             ttft = done.ttft_s if done.ttft_s is None else done.ttft_s + (sent - start)
             aborted = done.finish_reason == ABORTED

@@ -117,3 +117,17 @@ def test_a_target_chosen_when_planned_is_resolved_again_and_set_beside_the_store
                                     "(resolved on each run's own placement)"]
     assert "target resolved when planned: stored `store-b`, replay `store-a`" in render(moved)
     assert "chosen" not in compare(stored, stored, plan_replay(TERM))["faults"][0]  # no rule, nothing to show
+
+
+def test_a_condition_that_held_during_a_replayed_trace_is_replayed_in_trace_seconds():
+    from drills.journal import Event, History
+    from drills.replay import recorded_trigger
+
+    def ev(seq, ts, type_, phase, **data):
+        return Event(seq=seq, ts=ts, type=type_, phase=phase, data=data)
+
+    history = History(events=[
+        ev(1, 0.0, "run.started", "preflight", scenario_model={"workload": {"arrival": {"mode": "trace", "speed": 2.0}}}),
+        ev(2, 100.0, "request", "chaos", target="engine", prompt_id=0)])
+    trigger, note = recorded_trigger({"trigger": "store_in_flight", "t": 101.5}, 101.5, history)
+    assert trigger == {"at": 3.0} and "(3.0s of the trace at speed 2.0)" in note

@@ -113,3 +113,60 @@ def test_arrival_validation():
         WorkloadSpec(arrival={"mode": "poisson", "rate": 0})
     with pytest.raises(ValidationError, match="does not match any of the expected tags"):
         WorkloadSpec(arrival={"mode": "uniform", "rate": 1})
+
+
+def _traced(ats: list[float]) -> PromptSet:
+    return PromptSet(prompts=[Prompt(id=i, token_ids=[i, 1], at=at) for i, at in enumerate(ats)],
+                     shared_prefix_tokens=0, seed=5)
+
+
+def test_a_trace_is_sent_at_its_recorded_offsets_from_its_first_request_scaled_by_speed():
+    from drills.workload import trace_schedule
+
+    assert trace_schedule(_traced([10.0, 10.5, 12.0]), 1.0) == [0.0, 0.5, 2.0]
+    assert trace_schedule(_traced([10.0, 10.5, 12.0]), 2.0) == [0.0, 0.25, 1.0]
+
+
+async def test_a_trace_wave_journals_each_request_at_its_scaled_time_in_time_order(tmp_path):
+    spec = WorkloadSpec(prompts_file="/t.jsonl", arrival={"mode": "trace", "speed": 4})
+    journal = Journal(tmp_path)
+    journal.phase = "chaos"
+    start = time.perf_counter()
+    answers = await send_wave(SlowEngine(0.01), _traced([4.0, 0.0, 2.0]), spec, journal, target="engine", wave=1)
+    took = time.perf_counter() - start
+    assert sorted(a.prompt_id for a in answers) == [0, 1, 2] and all(a.ok for a in answers)
+    assert took >= 1.0  # the last line, 4 trace seconds in, at speed 4
+    sent = [(e.data["prompt_id"], e.data["scheduled_s"]) for e in read_history(journal.path).of_type("request")]
+    assert sent == [(1, 0.0), (2, 0.5), (0, 1.0)]
+
+
+def test_a_trace_needs_a_prompts_file_and_an_at_on_every_line(tmp_path):
+    from drills.scenario import ScenarioError, load_scenario
+
+    with pytest.raises(ValidationError, match="trace sends a prompts_file's lines at their `at`"):
+        WorkloadSpec(arrival={"mode": "trace"})
+    (tmp_path / "t.jsonl").write_text('{"prompt": "a", "at": 0}\n{"prompt": "b"}\n{"prompt": "c", "at": 3.5}\n')
+    path = tmp_path / "s.yaml"
+    path.write_text("name: retro\nseed: 1\nworkload:\n  prompts_file: t.jsonl\n  arrival: {mode: trace, speed: 2}\n"
+                    "chaos: {faults: []}\n")
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(path)
+    assert f"{path}:5: workload.arrival: trace needs an `at` (seconds into the trace) on every line of " in \
+        exc.value.render() and "line(s) 2 have none" in exc.value.render()
+
+
+async def test_a_faults_at_counts_in_trace_seconds(monkeypatch):
+    from drills import triggers
+    from drills.triggers import StoreProbe, Trigger, TriggerState, wait_for
+
+    asked: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        asked.append(seconds)
+
+    monkeypatch.setattr(triggers.asyncio, "sleep", sleep)
+    state = TriggerState(probe=StoreProbe(None, None), started=time.monotonic() + 100, speed=4.0)
+    seen = await wait_for(Trigger(at=8.0), state)
+    assert seen == {"trigger": "at", "at_s": 8.0, "speed": 4.0}
+    [wait] = asked
+    assert 101.9 < wait <= 102.0  # 8 trace seconds at speed 4 is 2 s after chaos traffic started

@@ -108,8 +108,17 @@ def run_kvdrill(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     """`kvdrill ARGS`; on timeout or interrupt it gets SIGTERM first (the runner then heals and stops
     its stack), and SIGKILL only if it has not exited two minutes later. subprocess.run would SIGKILL
     it at once and orphan every service it started."""
-    proc = subprocess.Popen([str(KVDRILL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return wait_kvdrill(start_kvdrill(args), timeout)
+
+
+def start_kvdrill(args: list[str]) -> subprocess.Popen:
+    """`kvdrill ARGS` in the background (a drill something else watches); finish it with wait_kvdrill."""
+    return subprocess.Popen([str(KVDRILL), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
+
+
+def wait_kvdrill(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """As run_kvdrill: its output once it exits; SIGTERM (then SIGKILL) when it outlives ``timeout``."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import pytest
 
-from .conftest import ARTIFACTS, run_kvdrill
+from .conftest import ARTIFACTS, run_kvdrill, start_kvdrill, wait_kvdrill
 
 pytestmark = pytest.mark.real
 
@@ -29,6 +30,16 @@ QUESTIONS = ["Which step covers a falling hit rate?", "Summarise step 12 in one 
              "What comes after step 30?"]
 # every character an answer can start with: vLLM ends the answer before it, empty, stop_reason the string
 STOP_AT_ONCE = [chr(c) for c in range(32, 127)] + ["\n"]
+
+
+def _new_run(reports, before, drill, within_s: float = 120):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and drill.poll() is None:
+        fresh = [p for p in reports.iterdir() if p.name not in before and (p / "journal.jsonl").exists()]
+        if fresh:
+            return fresh[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no run directory appeared under {reports} (kvdrill exited {drill.poll()})")
 
 
 def _events(run_dir, type_):
@@ -54,8 +65,13 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     reports = ARTIFACTS / "prompts-file"
     reports.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in reports.iterdir()}
-    proc = run_kvdrill(["run", str(scenario), "--reports-dir", str(reports)], timeout=1500)
-    [run_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    drill = start_kvdrill(["run", str(scenario), "--reports-dir", str(reports)])
+    try:  # a game day's watch beside the drill, from its first journal line to its verdict
+        run_dir = _new_run(reports, before, drill)
+        watch = run_kvdrill(["watch", str(run_dir), "--plain", "--textfile", str(tmp_path / "kvdrill.prom")],
+                            timeout=1500)
+    finally:
+        proc = wait_kvdrill(drill, timeout=1500)
     doc = json.loads((run_dir / "verdict.json").read_text())
     assert proc.returncode == 1 and doc["verdict"] == "fail", proc.stderr[-4000:]
     checks = {c["name"]: c for c in doc["checks"]}
@@ -91,3 +107,10 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     again = run_kvdrill(["analyze", str(run_dir), "--no-write"], timeout=300)
     assert again.returncode == proc.returncode and "identical to the stored verdict" in again.stdout, \
         again.stdout + again.stderr
+    # the watch saw it live: its FAIL candidate is one of correctness's wrong answers, and it ended with the verdict
+    assert watch.returncode == proc.returncode, watch.stdout + watch.stderr
+    [candidate] = [line for line in watch.stdout.splitlines() if line.startswith("FAIL candidate: ")]
+    assert candidate.split()[2] in {e["request_id"] for e in wrong}
+    assert "verdict FAIL: correctness" in watch.stdout
+    prom = (tmp_path / "kvdrill.prom").read_text()
+    assert 'kvdrill_fail_candidate{run="%s"} 1.0' % run_dir.name in prom and "kvdrill_correct_answer_rate" in prom
