@@ -6,7 +6,8 @@ emptied. The drill FAILs on correctness with a first differing token, the journa
 sha256 and line numbers, the chats' shared prefix is the template plus the system prompt, the chat
 endpoint ran exactly the tokens /tokenize gave, and a line's own max_tokens is what its requests asked for.
 
-The evaluation layer scores every answer (checks.score, a regex per line): a line whose expected answer no
+The lines carry their times in a recorded trace (a second apart) and are replayed open loop at twice that
+pace. The evaluation layer scores every answer (checks.score, a regex per line): a line whose expected answer no
 model gives is a zero of the evaluation chain (its cached answer equals the no-cache one), a line whose own
 stop strings empty its answer is a zero of the request, and neither is blamed on the cache. `kvdrill
 analyze` reproduces the stored verdict from the journal and the inputs the run kept."""
@@ -52,12 +53,14 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     lines[1]["expected"] = "kvdrill: an answer no model gives"  # a wrong expected answer: the evaluation chain's zero
     lines[2]["request"] = {"stop": STOP_AT_ONCE}  # the answer's first character is a stop string: the request's zero
     lines.append({"prompt": "Incident notes, in order. " + RUNBOOK[::-1][:3000], "max_tokens": 6, "expected": "\\S"})
+    for i, line in enumerate(lines):  # a recorded trace: the lines one second apart, replayed twice as fast
+        line["at"] = 30.0 + i
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     scenario = tmp_path / "my-prompts.yaml"
     scenario.write_text(
         "name: my-prompts-zeroed-chunk\nseed: 3\nstack: {lmcache: {l2_serde: none}}\n"
-        "workload: {prompts_file: prompts.jsonl, max_tokens: 12, concurrency: 1}\n"
+        "workload: {prompts_file: prompts.jsonl, max_tokens: 12, arrival: {mode: trace, speed: 2}}\n"
         "checks: {score: {scorer: regex}}\n"
         "chaos:\n  faults:\n    - {injector: kv_corrupt, params: {mode: zero, prompts: all, chunk: 1}}\n"
         "  actions: [clear_l1, reset_prefix_cache]\n"
@@ -85,6 +88,9 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     chats = [p["token_ids"] for p in made["data"]["prompts"][:3]]
     shared = next(i for i, col in enumerate(zip(*chats)) if len(set(col)) > 1)
     assert shared >= 512  # the template and the runbook: two full chunks every chat shares
+    steady = {e["data"]["prompt_id"]: e["data"]["scheduled_s"] for e in _events(run_dir, "request")
+              if e["phase"] == "steady"}
+    assert steady == {0: 0.0, 1: 0.5, 2: 1.0, 3: 1.5}  # the trace's offsets at speed 2
     asked = {e["data"]["prompt_id"]: e["data"]["max_tokens"] for e in _events(run_dir, "request")}
     assert asked[3] == 6 and asked[0] == asked[1] == asked[2] == 12
 
