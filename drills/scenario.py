@@ -221,7 +221,9 @@ class WorkloadSpec(_Strict):
     def _prompts_file_alone(self) -> WorkloadSpec:
         if self.prompts_file is None:
             return self
-        clash = sorted({"prompts", "shared_prefix_tokens", "unique_tokens", "share"} & self.model_fields_set)
+        # a field set to its default is not a clash: the journaled scenario model (every field dumped) reloads
+        clash = sorted(f for f in {"prompts", "shared_prefix_tokens", "unique_tokens", "share"} & self.model_fields_set
+                       if getattr(self, f) != type(self).model_fields[f].get_default(call_default_factory=True))
         if clash:
             raise ValueError(f"workload.prompts_file gives the prompts; leave out {', '.join(clash)}")
         if self.chaos_prompts == "fresh":
@@ -453,6 +455,9 @@ class RegexScorer(_Scorer):
 
 class JsonSchemaScorer(_Scorer):
     """The answer is JSON that validates against a JSON Schema (inline, or a file beside the scenario)."""
+
+    # by name too: the run's journaled scenario model dumps the field as schema_ (analyze's fallback reads it)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     scorer: Literal["json_schema"]
     schema_: dict[str, Any] | str = Field(alias="schema", description="a JSON Schema, or the path of a .json file")

@@ -113,3 +113,11 @@ def test_a_run_keeps_the_files_its_scenario_names_and_its_copy_reads_them_wherev
     again = load_scenario(run_dir / "scenario.yaml")
     assert again.scenario.workload.prompts_file == str(run_dir / kept["prompts.jsonl"])
     assert again.scenario.checks.score.schema_ == {"type": "object"}
+
+
+def test_a_json_schema_scorer_survives_the_journaled_scenario_model(tmp_path):
+    from drills.scenario import Scenario
+
+    loaded = load_scenario(_scenario(tmp_path, "{scorer: json_schema, schema: {type: object}}")).scenario
+    again = Scenario.model_validate(loaded.model_dump(mode="json"))  # what analyze reads without scenario.yaml
+    assert again.checks.score.schema_ == {"type": "object"}
