@@ -62,7 +62,7 @@ def test_a_scenario_reports_its_prompts_files_problems_at_both_lines(tmp_path):
 
 
 @pytest.mark.parametrize(("extra", "says"), [
-    ("prompts: 4", "leave out prompts"),
+    ("prompts: 5", "leave out prompts"),
     ("unique_tokens: 64", "leave out unique_tokens"),
     ("chaos_prompts: fresh", "has not; use same"),
 ])
