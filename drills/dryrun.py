@@ -188,7 +188,7 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
         "faults": [{"id": f.id, "injector": f.injector, "params": f.params, "trigger": f.trigger, "confirm": spec.confirm,
                     "targets": f.targets, "seeded": f.seeded, "problems": f.problems}
                    for f, spec in zip(faults, sc.chaos.faults)],
-        "checks": {name: c.enabled for name, c in sc.checks},
+        "checks": {name: c is not None and getattr(c, "enabled", True) for name, c in sc.checks},
         "expect": sc.expect.model_dump(mode="json") if sc.expect else None,
     }
 

@@ -943,7 +943,8 @@ def _judge_complete(run_dir: Path, history: History, journal: Journal, report: R
         from drills.runner import Outcome
 
         checks = load_run_scenario(run_dir, history).checks
-        a = analyze(run_dir, [n for n in CHECK_NAMES if getattr(checks, n).enabled], write=False)
+        a = analyze(run_dir, [n for n in CHECK_NAMES if (c := getattr(checks, n)) is not None
+                              and getattr(c, "enabled", True)], write=False)
         d = a.decision
         reason = f"{d.reason} (judged by `kvdrill rollback` from the complete journal: kvdrill died after the drain)"
         journal.phase = "report"
