@@ -60,7 +60,7 @@ from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
-from drills.workload import EngineClient, PromptSet, build_prompts, oracle_salt, send_wave, tokenizer_identity
+from drills.workload import EngineClient, PromptSet, Response, build_prompts, oracle_salt, send_wave, tokenizer_identity
 from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry, services_needed
 from injectors.process import ProcessFault
 
@@ -417,9 +417,9 @@ class Runner:
             baseline = EngineClient(self.stack.url("baseline"), self.stack.served_model, self._http,
                                     sse=SsePool(self.stack.url("baseline")))
             answers = await send_wave(baseline, prompts, sc.workload, self.journal, target="baseline", wave=1, **tag)
-            failed = [r.request_id for r in answers if not r.ok]
+            failed = [r for r in answers if not r.ok]
             if failed:
-                raise DrillError(f"the baseline engine failed requests {failed}: no oracle, no verdict")
+                raise DrillError(f"the baseline engine failed requests {_failures(failed)}: no oracle, no verdict")
             judged = {a.prompt_id: a.token_ids for a in answers}
         if mode in ("salted", "both"):
             run_tag = uuid.uuid4().hex[:12]  # fresh per wave: a salt no earlier request can have used
@@ -428,9 +428,9 @@ class Runner:
                                       cache_salt=lambda p: oracle_salt(run_tag, p), **tag,
                                       on_failure=lambda: self._service_state("engine"))
             await self._metrics_point("oracle", wave=1, **tag)
-            failed = [r.request_id for r in answers if not r.ok]
+            failed = [r for r in answers if not r.ok]
             if failed:
-                raise DrillError(f"the engine failed salted oracle requests {failed}: no oracle, no verdict")
+                raise DrillError(f"the engine failed salted oracle requests {_failures(failed)}: no oracle, no verdict")
             result = oracle_check.check(RunView(read_history(self.journal.path)))
             if result.verdict != "pass":
                 self.journal.append("oracle.rejected", summary=result.summary, evidence=result.evidence, **tag)
@@ -885,3 +885,10 @@ def _configure_logging(run_dir: Path):
                     structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         logger_factory=structlog.PrintLoggerFactory(file=fh), cache_logger_on_first_use=False)
     return structlog.get_logger("kvdrill.runner")
+
+
+def _failures(failed: list[Response]) -> str:
+    """The failed requests' ids and the first one's error (a 400 names the field the engine refused), so the
+    reason says why without opening the journal."""
+    first = (failed[0].error or "no error recorded")[:600]
+    return f"{[r.request_id for r in failed]} (first: {first})"

@@ -29,8 +29,9 @@ RUNBOOK = " ".join(f"Step {i}: if the {w} of shard {i % 7} looks wrong, compare 
                                                                                   "queue depth"] * 15))
 QUESTIONS = ["Which step covers a falling hit rate?", "Summarise step 12 in one line.",
              "What comes after step 30?"]
-# every character an answer can start with: vLLM ends the answer before it, empty, stop_reason the string
-STOP_AT_ONCE = [chr(c) for c in range(32, 127)] + ["\n"]
+# the answer can only be "A" (token 49 in SmolLM2's vocabulary, the pinned model) and "A" is a stop string:
+# vLLM ends it before any text, stop_reason "A" (vLLM takes at most 4 stop strings, so the token is forced)
+STOP_AT_ONCE = {"allowed_token_ids": [49], "stop": ["A"]}
 
 
 def _new_run(reports, before, drill, within_s: float = 120):
@@ -51,7 +52,7 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     lines = [{"messages": [{"role": "system", "content": "You are the on-call assistant. " + RUNBOOK},
                            {"role": "user", "content": q}], "expected": "\\S"} for q in QUESTIONS]
     lines[1]["expected"] = "kvdrill: an answer no model gives"  # a wrong expected answer: the evaluation chain's zero
-    lines[2]["request"] = {"stop": STOP_AT_ONCE}  # the answer's first character is a stop string: the request's zero
+    lines[2]["request"] = STOP_AT_ONCE  # the answer's first character is a stop string: the request's zero
     lines.append({"prompt": "Incident notes, in order. " + RUNBOOK[::-1][:3000], "max_tokens": 6, "expected": "\\S"})
     for i, line in enumerate(lines):  # a recorded trace: the lines one second apart, replayed twice as fast
         line["at"] = 30.0 + i
