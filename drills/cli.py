@@ -579,6 +579,59 @@ def watch(run: str = typer.Argument(..., help="run id under --reports-dir, or a 
 
 
 @app.command()
+def canary(stack: Path = typer.Option(..., "--stack", help="the stack file of the stack to watch (runtime: attach)"),
+           every: str = typer.Option("60s", "--every", help="one round per interval (e.g. 30s, 2m)"),
+           rpm: int = typer.Option(30, "--rpm", min=1, max=6000, help="at most this many requests per minute"),
+           rounds: int | None = typer.Option(None, "--rounds", min=1, help="stop after this many rounds (default: "
+                                                                          "until SIGTERM or Ctrl-C)"),
+           prompts: int = typer.Option(2, "--prompts", min=1, max=64, help="seeded prompts per round (768 shared "
+                                                                          "tokens, then 384 of its own each)"),
+           seed: int = typer.Option(0, "--seed", help="the seeded prompts' seed (a scenario's seed gives its prompts)"),
+           prompts_file: Path | None = typer.Option(None, "--prompts-file", help="your own prompts instead (the "
+                                                    "JSONL of a scenario's workload.prompts_file)"),
+           max_tokens: int = typer.Option(16, "--max-tokens", min=1, max=512, help="each answer's length"),
+           timeout: str = typer.Option("60s", "--timeout", help="each request's deadline"),
+           textfile: Path | None = typer.Option(None, "--textfile", help="write the series here (Prometheus text "
+                                                "format, node_exporter's textfile collector) after every round"),
+           metrics_port: int | None = typer.Option(None, "--metrics-port", min=1, max=65535,
+                                                   help="serve the series at http://127.0.0.1:PORT/metrics"),
+           reports_dir: Path = REPORTS) -> None:
+    """A correctness canary, no faults: every interval, each prompt cached and with a fresh cache_salt (the
+    proven-cold answer), compared token by token; hit rate, correct-answer and empty-response rates and
+    divergences exported for Prometheus. Read-only: requests, at most --rpm a minute, and nothing else.
+    Exit 1 if any round diverged, 0 if none did, 2 if it could not run."""
+    from drills.canary import CanaryOptions, CanaryRefused, Target
+    from drills.canary import canary as run_canary
+    from drills.durations import parse_duration
+    from drills.prompts_file import PromptsFileError, load_prompts_file
+    from drills.runner import new_run_id
+    from drills.stack.stackfile import StackFileError
+
+    try:
+        target = Target.from_stack_file(stack)
+        if prompts_file is not None:
+            load_prompts_file(prompts_file)  # every line's problem with its line number, before anything is sent
+        opts = CanaryOptions(every_s=parse_duration(every), rpm=rpm, rounds=rounds, prompts=prompts, seed=seed,
+                             max_tokens=max_tokens, prompts_file=prompts_file.absolute() if prompts_file else None,
+                             timeout_s=parse_duration(timeout), textfile=textfile, metrics_port=metrics_port)
+    except (StackFileError, PromptsFileError, CanaryRefused, ValueError) as exc:
+        err.print(f"canary not started: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    run_dir = reports_dir / "canary" / new_run_id(f"canary-{target.stack}")
+
+    def say(line: str) -> None:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    try:
+        code = asyncio.run(run_canary(target, opts, run_dir, say))
+    except CanaryRefused as exc:
+        err.print(f"canary not started: {exc} (journal: {run_dir / 'journal.jsonl'})", markup=False, highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+@app.command()
 def analyze(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run-id>)"),
             checks: str | None = typer.Option(None, "--checks", help="comma-separated checks to run (default: "
                                                                     "the scenario's)"),

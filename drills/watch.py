@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,7 +332,8 @@ def watch_run(run_dir: Path, opts: WatchOptions, console: Any) -> int:
     state = LiveState()
     run_id = run_dir.name
     tail = JournalTail(run_dir)
-    server = _serve_metrics(state, run_id, opts.metrics_port) if opts.metrics_port is not None else None
+    server = (serve_metrics(lambda: openmetrics(state, run_id), opts.metrics_port)
+              if opts.metrics_port is not None else None)
     live = None
     if not (opts.plain or opts.once or opts.as_json) and console.is_terminal:
         from rich.live import Live
@@ -383,8 +384,9 @@ def watch_run(run_dir: Path, opts: WatchOptions, console: Any) -> int:
     return 1 if state.candidate is not None else 0
 
 
-def _serve_metrics(state: LiveState, run_id: str, port: int) -> Any:
-    """GET /metrics on 127.0.0.1:``port`` (loopback only: the drill's numbers are not for the network)."""
+def serve_metrics(body_of: Callable[[], str], port: int) -> Any:
+    """GET /metrics on 127.0.0.1:``port`` (loopback only: the drill's numbers are not for the network), its
+    body ``body_of()`` at each scrape (a watch's live series, a canary's)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -393,7 +395,7 @@ def _serve_metrics(state: LiveState, run_id: str, port: int) -> Any:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
-            body = openmetrics(state, run_id).encode()
+            body = body_of().encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -404,5 +406,5 @@ def _serve_metrics(state: LiveState, run_id: str, port: int) -> Any:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, name="kvdrill-watch-metrics", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name="kvdrill-metrics", daemon=True).start()
     return server
