@@ -29,7 +29,7 @@ from drills.stack.process import group_members, remove_shm_of
 from drills.stack.sandbox import free_port
 from drills.toxiproxy import api_headers
 
-from .conftest import ARTIFACTS, REPO, run_kvdrill
+from .conftest import ARTIFACTS, REPO, run_kvdrill, start_kvdrill, wait_kvdrill
 
 pytestmark = pytest.mark.real
 
@@ -388,3 +388,79 @@ def test_an_interrupted_chaos_run_still_heals_the_held_chunk(user_stack, install
     assert "still held and its rollbacks not played for them: healing them now" in log.read_text()
     assert all(_sha256(Path(r["path"])) == r["sha256"] for r in undo["data"]["restore"])
     assert _events(held, "rollback.undone") and not _events(held, "rollback.failed")
+
+
+def _canary_rounds(run_dir: Path) -> list[dict]:
+    """Each finished round with the time its first request was sent."""
+    events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines() if line.strip()]
+    sent = {}
+    for e in events:
+        if e["type"] == "request":
+            sent.setdefault(e["data"]["wave"], e["ts"])
+    return [{**e["data"], "started": sent[e["data"]["round"]], "ts": e["ts"]} for e in events
+            if e["type"] == "canary.round"]
+
+
+def _wait_rounds(run_dir: Path, canary: subprocess.Popen, until, what: str, within_s: float = 300) -> list[dict]:
+    deadline = time.monotonic() + within_s
+    while True:
+        rounds = _canary_rounds(run_dir) if (run_dir / "journal.jsonl").exists() else []
+        if until(rounds):
+            return rounds
+        assert canary.poll() is None and time.monotonic() < deadline, f"{what}: {rounds}"
+        time.sleep(0.5)
+
+
+def test_the_canary_sees_no_divergence_on_the_clean_stack_and_flags_a_zeroed_chunk_within_one_round(
+        user_stack, tmp_path):
+    """kvdrill canary on the user's stack, while `kvdrill run --hold` zeroes the flagship's shared L2 chunk
+    under it (the flagship's seed: the canary's prompt starts with the same 768 tokens) and `kvdrill rollback`
+    puts it back: every round before the fault is correct, the first round after it diverges, a round after
+    the rollback is correct again, and SIGTERM stops the canary with exit 1 (it saw a divergence)."""
+    stack_file, _, _ = user_stack
+    reports = ARTIFACTS / "attach" / "canary"
+    (reports / "canary").mkdir(parents=True, exist_ok=True)
+    before = set((reports / "canary").iterdir())
+    prom = tmp_path / "canary.prom"
+    canary = start_kvdrill(["canary", "--stack", str(stack_file), "--every", "10s", "--rpm", "60", "--prompts", "1",
+                            "--seed", "7", "--textfile", str(prom), "--reports-dir", str(reports)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (fresh := set((reports / "canary").iterdir()) - before):
+            assert canary.poll() is None and time.monotonic() < deadline, canary.communicate()
+            time.sleep(0.2)
+        [run_dir] = fresh
+        _wait_rounds(run_dir, canary, lambda r: len(r) >= 1, "no canary round on the clean stack")
+        scenario = tmp_path / "held.yaml"
+        flagship = (REPO / "scenarios" / "flagship" / "hit-rate-is-not-correctness.yaml").read_text()
+        scenario.write_text(flagship.replace("prompts: 4", "prompts: 1").split("\nexpect:")[0] + "\n")
+        held = run_kvdrill(["run", str(scenario), "--stack", str(stack_file), "--hold", "--reports-dir",
+                            str(reports)], timeout=600)
+        held_dir = _run_dir(held.stderr)
+        assert held.returncode == 0, held.stderr[-3000:]
+        [holding] = _events(held_dir, "faults.held")
+        after = _wait_rounds(run_dir, canary, lambda r: any(x["started"] > holding["ts"] for x in r),
+                             "no canary round after the fault was held")
+        clean = [r for r in after if r["ts"] < holding["ts"]]
+        first = next(r for r in after if r["started"] > holding["ts"])
+        assert clean and all(p["outcome"] == "correct" for r in clean for p in r["pairs"]), clean
+        assert first["pairs"][0]["outcome"] == "wrong", first  # the first round that started after the fault
+        assert isinstance(first["pairs"][0]["first_diff_token"], int)
+        healed = run_kvdrill(["rollback", str(held_dir)], timeout=300)
+        assert healed.returncode == 0, healed.stdout + healed.stderr
+        undone = time.time()
+        _wait_rounds(run_dir, canary, lambda r: any(x["started"] > undone and x["pairs"][0]["outcome"] == "correct"
+                                                    for x in r), "no correct round after the rollback")
+        text = prom.read_text()
+        assert 'kvdrill_canary_diverging{stack="user-stack"} 0.0' in text
+        assert 'kvdrill_canary_first_divergence_timestamp_seconds{stack="user-stack"}' in text
+    finally:
+        if canary.poll() is None:
+            canary.send_signal(signal.SIGTERM)
+        done = wait_kvdrill(canary, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # it saw a divergence
+    [stopped] = _events(run_dir, "canary.stopped")
+    assert stopped["data"]["signal"] and stopped["data"]["divergences"] >= 1 and stopped["data"]["failed"] == 0
+    assert "DIVERGENCE round" in done.stdout
+    # read-only: the canary's requests are all it sent; the stack file's services are as they were
+    assert {e["data"]["target"] for e in _events(run_dir, "request")} == {"engine", "oracle"}
