@@ -5,7 +5,9 @@ with every request and response event) pinned to one core; the server is ``bench
 short SSE stream) on another core. Prompts are the flagship's shape (1,152 token ids each, sent as
 ids). Closed loop: waves of 64 prompts, ``concurrency`` at a time. Open loop: Poisson arrivals at
 ``--rate``, ``max_outstanding`` in flight; it reports the achieved rate and how late requests left
-(send delay p50/p99) — a generator that cannot keep up shows as send delay and cap waits.
+(send delay p50/p99) — a generator that cannot keep up shows as send delay and cap waits. Trace: the
+same prompts as a recorded trace (each with its ``at``: seeded exponential gaps at ``--rate``, the shape
+of a request log) replayed at speed 1; its send delay is the replay's pacing error (scheduled vs sent).
 
 Usage: python bench/workload.py [--seconds 5] [--rate 3000] [--concurrency 32] [--gen-cpu 0] [--stub-cpu 1] [--httpx]
 Prints a table and appends one JSON line to bench/results/workload.jsonl.
@@ -31,7 +33,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from drills.journal import Journal, read_history  # noqa: E402
-from drills.scenario import WorkloadSpec  # noqa: E402
+from drills.scenario import TraceArrival, WorkloadSpec  # noqa: E402
 from drills.sse_http import SsePool  # noqa: E402
 from drills.workload import EngineClient, Prompt, PromptSet, send_wave  # noqa: E402
 
@@ -39,9 +41,18 @@ PROMPTS, PROMPT_TOKENS = 64, 1152
 STUB_TOKENS = [100, 101, 102, 103]  # what bench/sse_stub.py streams
 
 
-def _prompts() -> PromptSet:
-    return PromptSet(prompts=[Prompt(id=i, token_ids=[(i * 7 + j) % 49000 + 1 for j in range(PROMPT_TOKENS)])
-                              for i in range(PROMPTS)], shared_prefix_tokens=0, seed=1)
+def _prompts(trace_rate: float | None = None) -> PromptSet:
+    """The flagship-shaped prompts; with ``trace_rate``, each with a recorded ``at`` (a trace at that rate)."""
+    import random
+
+    rng, at = random.Random(11), 0.0
+    prompts = []
+    for i in range(PROMPTS):
+        if trace_rate:
+            at += rng.expovariate(trace_rate)
+        prompts.append(Prompt(id=i, token_ids=[(i * 7 + j) % 49000 + 1 for j in range(PROMPT_TOKENS)],
+                              at=round(at, 6) if trace_rate else None))
+    return PromptSet(prompts=prompts, shared_prefix_tokens=0, seed=1)
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -51,10 +62,11 @@ def _percentile(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _run(url: str, spec: WorkloadSpec, seconds: float, run_dir: Path, use_httpx: bool) -> dict:
+async def _run(url: str, spec: WorkloadSpec, seconds: float, run_dir: Path, use_httpx: bool,
+               trace_rate: float | None = None) -> dict:
     journal = Journal(run_dir)
     journal.phase = "chaos"
-    prompts = _prompts()
+    prompts = _prompts(trace_rate)
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)) as http:
         sse = SsePool(url)
         client = EngineClient(url, "stub", http, sse=None if use_httpx else sse)
@@ -104,8 +116,13 @@ def main() -> None:
                                   concurrency=args.concurrency)
             opened = WorkloadSpec.model_validate({**closed.model_dump(), "arrival": {
                 "mode": "poisson", "rate": args.rate, "max_outstanding": args.max_outstanding}})
+            # a trace needs a prompts file to validate; these prompts carry their `at` themselves
+            traced = closed.model_copy(update={"arrival": TraceArrival(mode="trace", speed=1,
+                                                                       max_outstanding=args.max_outstanding)})
             results = {"closed": asyncio.run(_run(url, closed, args.seconds, Path(tmp) / "closed", args.httpx)),
-                       "poisson": asyncio.run(_run(url, opened, args.seconds, Path(tmp) / "open", args.httpx))}
+                       "poisson": asyncio.run(_run(url, opened, args.seconds, Path(tmp) / "open", args.httpx)),
+                       "trace": asyncio.run(_run(url, traced, args.seconds, Path(tmp) / "trace", args.httpx,
+                                                 trace_rate=args.rate))}
         finally:
             os.killpg(stub.pid, 15)  # the stub's own session: only what this benchmark started
             stub.wait()
