@@ -66,6 +66,9 @@ class Journal:
             self._fh.write("\n")
             self._fh.flush()
         self.phase = "preflight"
+        # called with every event once it is written (kvdrill run's live panel); one that raises is dropped:
+        # a display must never stop a drill
+        self.listeners: list[Callable[[Event], Any]] = []
 
     def append(self, type: str, *, durable: bool = True, **data: Any) -> Event:
         """Write one event. ``durable=False`` (request and response records only) hands the line to the
@@ -80,6 +83,11 @@ class Journal:
         self._fh.flush()
         if durable:
             os.fsync(self._fh.fileno())
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:  # noqa: BLE001 - see listeners
+                self.listeners.remove(listener)
         return event
 
     def close(self) -> None:

@@ -60,6 +60,7 @@ from drills.stack.api import Stack, capability_problems, stack_kind
 from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
+from drills.watch import LiveState, panel
 from drills.workload import EngineClient, PromptSet, Response, build_prompts, oracle_salt, send_wave, tokenizer_identity
 from injectors.base import InjectionContext, InjectionError, Injector, heal_order, registry, services_needed
 from injectors.process import ProcessFault
@@ -139,6 +140,10 @@ class Runner:
         self.held: list[str] | None = None  # the fault ids left in effect once a --hold run injected them all
         self.console = console or Console(stderr=True)
         self.journal = Journal(self.run_dir)
+        # on a terminal, each phase's spinner carries kvdrill watch's panel, fed by the journal as it is written
+        self.live: LiveState | None = LiveState() if self.console.is_terminal else None
+        if self.live is not None:
+            self.journal.listeners.append(self.live.feed)
         self.log = _configure_logging(self.run_dir)
         self.injectors: list[Injector] = []
         self.stack: Stack | None = None
@@ -848,7 +853,8 @@ class _Phase:
         self.started = time.monotonic()
         r.journal.append("phase.started", description=self.what)
         r.console.print(f"[bold cyan]{self.name:>9}[/] {self.what}")
-        self.status = _spinner(r.console, f"{self.name}: {self.what}")
+        self.status = (_spinner(r.console, f"{self.name}: {self.what}") if r.live is None else
+                       live_panel(r.console, f"{self.name}: {self.what}", r.live, r.run_id))
         self.status.__enter__()
         return self
 
@@ -867,6 +873,18 @@ def _spinner(console: Console, text: str):
     """A slow spinner on a terminal, nothing elsewhere: rich's default 12.5 redraws a second cost about
     4% of a core while it spins (measured), and CI logs gain nothing from them."""
     return console.status(text, refresh_per_second=2) if console.is_terminal else contextlib.nullcontext()
+
+
+def live_panel(console: Console, text: str, state: LiveState, run_id: str):
+    """A phase's spinner with the watch panel under it (answers correct/wrong/failed/empty per phase, hit rate,
+    faults, the FAIL candidate), redrawn twice a second and gone when the phase ends (the next one draws
+    its own)."""
+    from rich.console import Group
+    from rich.live import Live
+    from rich.spinner import Spinner
+
+    return Live(get_renderable=lambda: Group(Spinner("dots", text), panel(state, run_id)), console=console,
+                refresh_per_second=2, transient=True)
 
 
 async def _get_json(http: httpx.AsyncClient, url: str) -> Any:

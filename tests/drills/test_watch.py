@@ -144,3 +144,33 @@ def test_once_and_json_give_the_numbers_of_a_stored_run_and_the_metrics_port_ser
     assert watch_run(tmp_path / "live", WatchOptions(plain=True, metrics_port=port), Console(record=True)) == 0
     closer.join()
     assert "kvdrill_fail_candidate" in got["body"]
+
+
+def test_kvdrill_runs_live_panel_is_fed_by_its_journal_and_a_broken_listener_never_stops_the_drill(tmp_path):
+    import io
+
+    from drills.runner import live_panel
+
+    journal = Journal(tmp_path / "run")
+    state = LiveState()
+
+    def broken(_event):
+        raise RuntimeError("a display that broke")
+
+    journal.listeners += [broken, state.feed]
+    journal.phase = "oracle"
+    journal.append("response", request_id="oracle-w1-p0-baseline", prompt_id=0, target="baseline", wave=1, ok=True,
+                   token_ids=[1, 2, 3], text="abc", finish_reason="length")
+    journal.phase = "chaos"
+    journal.append("response", request_id="chaos-w1-p0-engine", prompt_id=0, target="engine", wave=1, ok=True,
+                   token_ids=[1, 9, 3], text="a?c", finish_reason="length")
+    assert journal.listeners == [state.feed]  # the broken one was dropped; both events were written
+    assert len(read_history(tmp_path / "run").events) == 2
+    assert state.candidate is not None and state.candidate.first_diff_token == 1
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    with live_panel(console, "chaos: injecting faults, then traffic", state, "run-1"):
+        console.print("a line above the panel")
+    text = out.getvalue()
+    assert "chaos: injecting faults" in text and "first wrong answer: chaos-w1-p0-engine" in text
+    assert "a line above the panel" in text
