@@ -76,6 +76,9 @@ class PromptLine(_Strict):
     expected: str | None = Field(None, description="the answer this prompt should get, for checks.score")
     at: float | None = Field(None, ge=0, le=7 * 86400, description="seconds into a recorded trace: when "
                              "workload.arrival: trace sends this line")
+    answer: str | None = Field(None, max_length=200_000, description="the answer production gave this request (a "
+                               "recorded trace): the production check compares it with the no-cache answer and "
+                               "with the drill's cached answers")
 
     @model_validator(mode="after")
     def _one_kind(self) -> PromptLine:
@@ -164,7 +167,7 @@ def load_prompts_file(path: Path) -> PromptsFile:
 
 def _message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
-        return ("unknown field; allowed: prompt, messages, max_tokens, request, expected, at (and role, content "
+        return ("unknown field; allowed: prompt, messages, max_tokens, request, expected, at, answer (and role, content "
                 "in a message)")
     if err["type"] == "literal_error":
         return f"{err['msg']}"  # pydantic names the allowed values

@@ -324,7 +324,8 @@ class Runner:
         self.journal.append("workload.prompts", shared_prefix_tokens=self.prompts.shared_prefix_tokens,
                             chunk_size=sc.stack.lmcache.chunk_size,
                             fresh_ids=[p.id for p in self.fresh] if self.fresh else [],
-                            prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids}
+                            prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids,
+                                      **({"production": p.production} if p.production is not None else {})}
                                      for p in every])
 
         if self.hold:

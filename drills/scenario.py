@@ -40,7 +40,7 @@ from injectors.base import registry
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
-                    "score"]
+                    "score", "production"]
 OracleSource = Literal["salted", "baseline", "both"]
 # stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
 # LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
@@ -474,6 +474,15 @@ class PythonScorer(_Scorer):
 ScoreCheck = Annotated[Union[ExactScorer, RegexScorer, JsonSchemaScorer, PythonScorer], Field(discriminator="scorer")]
 
 
+class ProductionCheck(_Strict):
+    """A recorded trace's answers (a prompts file line's ``answer``): was production's answer the no-cache answer,
+    and did the drill's cached answers reproduce the ones that were not? Runs where lines carry an answer."""
+
+    enabled: bool = True
+    phases: list[Literal["steady", "chaos", "recovery"]] = Field(
+        default_factory=lambda: ["chaos"], description="the phases whose cached answers may reproduce production's")
+
+
 class ChecksSpec(_Strict):
     correctness: CorrectnessCheck = CorrectnessCheck()
     degenerate: DegenerateCheck = DegenerateCheck()
@@ -483,6 +492,7 @@ class ChecksSpec(_Strict):
     recovery: RecoveryCheck = RecoveryCheck()
     slo: SloCheck = SloCheck()
     logs: LogsCheck = LogsCheck()
+    production: ProductionCheck = ProductionCheck()
     score: ScoreCheck | None = Field(
         None, description="the evaluation layer: score each answer (exact, regex, json_schema or python) and tell a "
                           "cache-caused wrong answer from one the evaluation chain or the request scores 0")

@@ -53,6 +53,7 @@ class Prompt:
     expected: str | None = None  # the answer the line should get (checks.score)
     text: str | None = None  # a prompts file's text prompt as written (a python scorer is given it)
     at: float | None = None  # seconds into a recorded trace (workload.arrival: trace)
+    production: str | None = None  # the answer production gave (a recorded trace's line): the production check
 
     @property
     def name(self) -> str:
@@ -303,7 +304,8 @@ async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet
         ids = (await client.tokenize_chat(list(messages), line.render) if messages is not None
                else await client.tokenize(line.prompt or "", special_tokens=True))
         prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens, messages=messages,
-                              request=dict(line.request), expected=line.expected, text=line.prompt, at=line.at))
+                              request=dict(line.request), expected=line.expected, text=line.prompt, at=line.at,
+                              production=line.answer))
     source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
     return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
                      source=source)

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from drills.checkers import correctness, degenerate, evidence, hit_rate, leaks, liveness, logs, oracle, recovery, score, slo
+from drills.checkers import (
+    correctness,
+    degenerate,
+    evidence,
+    hit_rate,
+    leaks,
+    liveness,
+    logs,
+    oracle,
+    production,
+    recovery,
+    score,
+    slo,
+)
 from drills.checkers.base import CheckResult, RunView
 from drills.journal import Event, History
 from drills.scenario import ChecksSpec
@@ -52,6 +65,9 @@ def _run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
         results.append(_guarded("slo", malformed, lambda: slo.check(view, checks.slo)))
     if checks.logs.enabled and checks.logs.rules:
         results.append(_guarded("logs", malformed, lambda: logs.check(view, checks.logs)))
+    # a recorded trace's answers: only where its lines carry them (every other drill's checks stay as they were)
+    if checks.production.enabled and production.recorded(view):
+        results.append(_guarded("production", malformed, lambda: production.check(view, checks.production)))
     if (spec := checks.score) is not None:
         results.append(_guarded("score", malformed, lambda: score.check(view, spec)))
     return results

@@ -166,6 +166,7 @@ READS: dict[str, tuple[str, ...]] = {
     "oracle": ("response", "observe.metrics"),
     "logs": ("observe.log_check",),
     "score": ("response", "score", *FAULTS),
+    "production": ("response", "workload.prompts", *FAULTS),
 }
 
 

@@ -315,6 +315,11 @@ def _evidence_line(ev: dict[str, Any]) -> str:
         return f"`{ev['request_id']}` ({ev['ref']})"
     if ev.get("kind") == "log":
         return f"`{ev['ref']}`: {ev['text']}"
+    if ev.get("kind") == "production":
+        again = (f"; reproduced by `{ev['reproduced_by']}` ({ev['ref']}, {ev['phase']})" if "reproduced_by" in ev
+                 else "; not reproduced")
+        return (f"p{ev['prompt_id']}: production answered {_clip(ev['production'])!r}, the no-cache answer "
+                f"({ev['oracle_ref']}) is {_clip(ev['oracle_text'])!r}{again}")
     if ev.get("kind") in KIND_TEXT:
         tail = (ev.get("log_tail") or [""])[-1]
         return (f"`{ev['request_id']}` ({ev['ref']}, {ev['phase']}): {ev['kind']}"
