@@ -134,7 +134,8 @@ def load_prompts_file(path: Path) -> PromptsFile:
     try:
         raw = read_limited(path, MAX_BYTES, "prompts file", follow=True)
     except (InputFileError, OSError) as exc:
-        raise PromptsFileError(path, [(None, f"cannot read the prompts file: {exc}")]) from exc
+        raise PromptsFileError(path, [(None, f"cannot read the prompts file: {exc}; expected a JSONL file, its path "
+                                             "relative to the scenario")]) from exc
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:

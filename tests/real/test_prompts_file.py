@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from .conftest import ARTIFACTS, run_kvdrill, start_kvdrill, wait_kvdrill
+from .conftest import ARTIFACTS, REPO, run_kvdrill, start_kvdrill, wait_kvdrill
 
 pytestmark = pytest.mark.real
 
@@ -121,3 +121,38 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
     assert "verdict FAIL: correctness" in watch.stdout
     prom = (tmp_path / "kvdrill.prom").read_text()
     assert 'kvdrill_fail_candidate{run="%s"} 1.0' % run_dir.name in prom and "kvdrill_correct_answer_rate" in prom
+
+
+USERS_PROMPTS = ["flagship/chat-hit-rate-is-not-correctness.yaml", "flagship/chat-hit-rate-is-not-correctness-aesgcm.yaml",
+                 "incidents/retro-on-call-trace.yaml", "evaluation/scorer-at-fault.yaml"]
+
+
+# in `make test-catalogue` (about 8 minutes): the catalogue's drills on users' prompts, as one suite
+@pytest.mark.catalogue
+def test_the_catalogues_drills_on_users_prompts_reach_their_declared_verdicts():
+    reports = ARTIFACTS / "users-prompts"
+    reports.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in reports.iterdir()}
+    proc = run_kvdrill(["suite", *(str(REPO / "scenarios" / s) for s in USERS_PROMPTS), "--reports-dir", str(reports)],
+                       timeout=2400)
+    [suite_dir] = [p for p in reports.iterdir() if p.name not in before and p.is_dir()]
+    runs = {json.loads(line)["data"]["scenario"].split("/scenarios/")[1]: suite_dir / json.loads(line)["data"]["run_id"]
+            for line in (suite_dir / "journal.jsonl").read_text().splitlines() if '"suite.run"' in line}
+    assert proc.returncode == 0 and set(runs) == set(USERS_PROMPTS), proc.stderr[-3000:]
+    docs = {s: json.loads((d / "verdict.json").read_text()) for s, d in runs.items()}
+    assert [docs[s]["verdict"] for s in USERS_PROMPTS] == ["fail", "pass", "fail", "pass"]
+    # the chats went to the chat endpoint
+    chat = runs[USERS_PROMPTS[0]]
+    assert {e["data"].get("endpoint") for e in _events(chat, "request")} == {"chat"}
+    # the retro: the chats before the recorded moment were right, the document after it wrong
+    retro = runs[USERS_PROMPTS[2]]
+    [fired] = _events(retro, "fault.fired")
+    wrong = [e for e in {c["name"]: c for c in docs[USERS_PROMPTS[2]]["checks"]}["correctness"]["evidence"]
+             if e.get("phase") == "chaos"]
+    assert wrong and {e["prompt_id"] for e in wrong} == {4}, wrong
+    chaos = [e for e in _events(retro, "request") if e["phase"] == "chaos"]
+    assert [e["data"]["prompt_id"] for e in chaos if e["ts"] > fired["ts"]] == [4]
+    # the evaluation at fault: every zero is the evaluation chain's, none the cache's
+    score = {c["name"]: c for c in docs[USERS_PROMPTS[3]]["checks"]}["score"]
+    zeros = score["details"]["zeros"]
+    assert score["verdict"] == "pass" and zeros["cache"] == 0 and zeros["evaluation"] >= 8, score
