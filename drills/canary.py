@@ -339,7 +339,7 @@ async def _round(rnd: int, prompts: PromptSet, spec: WorkloadSpec, journal: Jour
     for p in prompts:
         one = PromptSet([p], prompts.shared_prefix_tokens, prompts.seed)
         answers = []
-        for client, who, cache_salt in ((engine, CACHED_TARGET, None), (oracle, ORACLE_TARGET, salt)):
+        for client, who, cache_salt in ((engine, CACHED_TARGET, None), (oracle, ORACLE_TARGET[target.oracle], salt)):
             if not await pacer.slot():
                 return None
             sent = asyncio.create_task(send_wave(client, one, spec, journal, target=who, wave=rnd,

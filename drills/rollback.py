@@ -865,6 +865,49 @@ def _remove_served(tags: set[str], report: RollbackReport) -> None:
 
 # --- the whole ------------------------------------------------------------------------------------------
 
+FLUSH_ACTIONS = ("clear_l1", "reset_prefix_cache")
+
+
+def _flush_held(history: History, report: RollbackReport, journal: Journal) -> None:
+    """A --hold run's cache actions again, once its faults are undone: while a fault was held, requests (a
+    canary's, the stack's own) read the damaged chunk into LMCache's L1 and vLLM's prefix cache, which keep
+    serving it after the chunk file is back. Only the actions the held run itself ran (journaled in its chaos
+    phase), only on the stack its stack file on disk still declares (the invoking user's own file: a journal
+    is evidence, not instructions), and each journaled with ``after: rollback``."""
+    if history.first("faults.held") is None or not any(i.step.startswith("fault ") for i in report.of("undone")):
+        return
+    wanted = list(dict.fromkeys(a for e in history.of_type("action") if e.phase == "chaos"
+                                and (a := e.data.get("action")) in FLUSH_ACTIONS))
+    prepared = history.first("stack.prepared")
+    path = prepared.data.get("stack_file") if prepared is not None else None
+    if not wanted:
+        return
+    if _own_stack_file(path) is None:
+        report.items.append(Item("flush", "left", f"{', '.join(wanted)}: the held run's stack file {path} is not "
+                                 "there, or not yours alone; run them on the stack yourself"))
+        return
+    import asyncio
+
+    import httpx
+
+    from drills.scenario import StackSpec
+    from drills.stack.attach import AttachRuntime
+
+    async def flush() -> None:
+        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+            stack = AttachRuntime.from_spec(StackSpec(ref="attach", file=str(path)), journal.path.parent, journal, http)
+            for action in wanted:
+                try:
+                    result = await getattr(stack, action)()
+                except Exception as exc:  # noqa: BLE001 - reported: the engine may still serve the damaged KV
+                    report.items.append(Item("flush", "failed", f"{action}: {type(exc).__name__}: {exc}"))
+                    continue
+                journal.append("action", action=action, result=result, after="rollback")
+                report.items.append(Item("flush", "undone", f"{action}: {result}"))
+
+    asyncio.run(flush())
+
+
 def resolve_run(run: str, reports_dir: Path) -> list[Path]:
     """RUN as a run id under ``reports_dir``, a path to a run directory, or a suite directory (every
     run in it); each one checked as evidence first (``drills.rundir``: owner, symlinks, journal)."""
@@ -912,6 +955,7 @@ def rollback(run_dir: Path, grace: float = GRACE_S) -> RollbackReport:
             ("filesystem", lambda: _remove_filesystems(history, report, state)),
             ("netns", lambda: _delete_namespaces(history, report, state)),
             ("served", lambda: _remove_served(state.tags, report)),
+            ("flush", lambda: _flush_held(history, report, journal)),
         ]
         for step, run in steps:
             try:

@@ -7,23 +7,20 @@ reset_prefix_cache]``, so the next reads come from the damaged tier), and the ru
 effect (verdict HELD). Its undo record is in that run's journal, written before the change.
 
 ``heal`` (the experiment's rollback) is ``kvdrill rollback`` of every run this ``chaos run`` holds, newest
-first, followed by the same chaos actions again: answers the engines computed from damaged KV while it
-was held must not outlive the heal in L1 or the prefix cache. An interrupted ``chaos run`` plays its
+first, which runs the held run's cache actions again once its faults are undone: KV the engines loaded from
+the damaged tier while it was held must not outlive the heal in L1 or the prefix cache. An interrupted ``chaos run`` plays its
 rollbacks (chaoslib does on SIGTERM and Ctrl-C); after a SIGKILL of ``chaos``, ``kvdrill rollback RUN``
 heals each held run (its id is in chaostoolkit.log and ``REPORTS/``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
-from drills.ctk.session import STATE, Run, Settings, _failure, hold_scenario, logger, run_drill
+from drills.ctk.session import STATE, Settings, _failure, hold_scenario, logger, run_drill
 
 __all__ = ["heal", "inject"]
-
-FLUSH_ACTIONS = ("clear_l1", "reset_prefix_cache")
 
 
 def inject(fault: dict[str, Any], actions: list[str] | None = None,
@@ -52,7 +49,7 @@ def heal(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
     when anything could not be undone, naming it."""
     from drills.rollback import rollback
 
-    settings = Settings.of(configuration)
+    Settings.of(configuration)  # the experiment's configuration is checked as for every activity
     healed: list[dict[str, Any]] = []
     failed: list[str] = []
     while STATE.held:
@@ -63,7 +60,7 @@ def heal(configuration: dict[str, Any] | None = None) -> dict[str, Any]:
         row = {"run_id": run.run_id, "undone": [i.what for i in report.of("undone")],
                "already_healed": [i.what for i in report.of("already_healed")],
                "failed": [i.what for i in report.of("failed")]}
-        row["flushed"] = asyncio.run(_flush(settings, run))
+        row["flushed"] = [i.what for i in report.items if i.step == "flush" and i.status == "undone"]
         failed += [f"{run.run_id}: {w}" for w in row["failed"]]
         logger.info("kvdrill: %s rolled back: %d undone, %d already healed, %d failed", run.run_id,
                     len(row["undone"]), len(row["already_healed"]), len(row["failed"]))
@@ -80,33 +77,3 @@ def _proofs(run_dir: Path) -> list[dict[str, Any]]:
             for e in read_history(run_dir / "journal.jsonl").of_type("fault.verified")]
 
 
-def _held_actions(run: Run) -> list[str]:
-    from drills.journal import read_history
-
-    return [a for e in read_history(run.run_dir / "journal.jsonl").of_type("action")
-            if (a := e.data.get("action")) in FLUSH_ACTIONS]
-
-
-async def _flush(settings: Settings, run: Run) -> dict[str, Any]:
-    """The held run's cache actions again, on the stack file's services, journaled in that run."""
-    import httpx
-
-    from drills.journal import Journal
-    from drills.scenario import StackSpec
-    from drills.stack.attach import AttachRuntime
-
-    wanted = _held_actions(run)
-    if not wanted:
-        return {}
-    journal = Journal(run.run_dir)
-    journal.phase = "rollback"
-    out: dict[str, Any] = {}
-    try:
-        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-            stack = AttachRuntime.from_spec(StackSpec(ref="attach", file=str(settings.stack)), run.run_dir, journal, http)
-            for action in wanted:
-                out[action] = await getattr(stack, action)()
-                journal.append("action", action=action, result=out[action], after="rollback")
-    finally:
-        journal.close()
-    return out

@@ -87,6 +87,8 @@ def test_a_clean_stack_is_rounds_of_correct_pairs_and_sends_nothing_but_requests
     assert len(salts) == len(set(salts)) == 6 and all(s.startswith(started.data["salt_prefix"]) for s in salts)
     # read-only: nothing but health, version, tokenize and completions reached the engine
     assert set(fake.paths) == {"/health", "/version", "/tokenize", "/v1/completions"}
+    assert {p["oracle"] for r in rounds for p in r.data["pairs"]} == {f"canary-w{n}-p{i}-oracle" for n in (1, 2, 3)
+                                                                      for i in (0, 1)}
     prom = (tmp_path / "canary.prom").read_text()
     assert 'kvdrill_canary_correct_answer_rate{stack="users-stack"} 1.0' in prom
     assert 'kvdrill_canary_divergences_total{stack="users-stack"} 0.0' in prom
