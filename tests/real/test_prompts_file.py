@@ -152,6 +152,11 @@ def test_the_catalogues_drills_on_users_prompts_reach_their_declared_verdicts():
     assert wrong and {e["prompt_id"] for e in wrong} == {4}, wrong
     chaos = [e for e in _events(retro, "request") if e["phase"] == "chaos"]
     assert [e["data"]["prompt_id"] for e in chaos if e["ts"] > fired["ts"]] == [4]
+    # production's recorded answers: the document's was wrong, and the drill's chaos answer reproduced it
+    production = {c["name"]: c for c in docs[USERS_PROMPTS[2]]["checks"]}["production"]
+    assert production["verdict"] == "fail" and production["details"]["agree"] == 4, production
+    [found] = production["evidence"]
+    assert found["prompt_id"] == 4 and found["phase"] == "chaos" and found["reproduced_by"].startswith("chaos-"), found
     # the evaluation at fault: every zero is the evaluation chain's, none the cache's
     score = {c["name"]: c for c in docs[USERS_PROMPTS[3]]["checks"]}["score"]
     zeros = score["details"]["zeros"]
