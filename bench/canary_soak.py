@@ -72,10 +72,12 @@ async def soak(args: argparse.Namespace, root: Path) -> dict:
                                               WorkloadSpec(prompts=args.prompts), loaded.scenario.seed)
                 [row] = stack.chunk_files([prompts.prompts[0].token_ids[:768]])
                 path = stack.l2_file(row[1].chunk_hash)
+                assert path is not None, "chunk 1 of the canary's prompt is not in the L2"
                 path.write_bytes(bytes(path.stat().st_size))  # the flagship's zero, on the shared chunk 1
-                await stack.clear_l1()
-                r = await http.post(f"{stack.url('engine')}/reset_prefix_cache", timeout=30)
-                r.raise_for_status()
+                # as the flagship's chaos actions: vLLM refuses a prefix-cache reset while a request runs, so
+                # the stack's own action retries until it is done (a bare POST between two canary requests
+                # was refused and the prefix cache kept serving the good KV)
+                flushed = {"clear_l1": await stack.clear_l1(), "reset_prefix_cache": await stack.reset_prefix_cache()}
                 fault_at = time.time()
                 while not (div := [e for e in journal_events(run_dir) if e["type"] == "canary.divergence"]):
                     assert canary.poll() is None and time.time() - fault_at < 10 * args.every, "no divergence"
@@ -100,7 +102,8 @@ async def soak(args: argparse.Namespace, root: Path) -> dict:
         finally:
             await stack.down()
     journal.close()
-    return {"every_s": args.every, "rpm": args.rpm, "prompts": args.prompts, "clean": clean, "flagged": flagged,
+    return {"every_s": args.every, "rpm": args.rpm, "prompts": args.prompts, "clean": clean, "flushed": flushed,
+            "flagged": flagged,
             "stopped": stopped, "last_lines": out.splitlines()[-3:]}
 
 
