@@ -257,13 +257,14 @@ async def canary(target: Target, opts: CanaryOptions, run_dir: Path, say: Callab
                  stop: asyncio.Event | None = None, transport: httpx.AsyncBaseTransport | None = None) -> int:
     """Rounds until ``opts.rounds`` or ``stop`` (SIGTERM, SIGINT); the exit status. Raises CanaryRefused
     before anything is sent when it cannot run as asked. ``transport``: httpx's, for an in-process engine."""
+    from drills.runner import _get_json
     from drills.watch import serve_metrics, write_textfile
 
     stop = stop or asyncio.Event()
+    journal = Journal(run_dir)  # before the handlers: a journal that cannot open leaves no handler behind
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    journal = Journal(run_dir)
     journal.phase = "canary"
     state = CanaryState()
     canary_id = uuid.uuid4().hex[:8]
@@ -284,7 +285,7 @@ async def canary(target: Target, opts: CanaryOptions, run_dir: Path, say: Callab
             prompts = await build_prompts(engine, spec, opts.seed)
             if why := opts.problems(len(prompts)):
                 raise CanaryRefused("; ".join(why))
-            versions = {"vllm": await _version(http, target.engine_url),
+            versions = {"vllm": await _get_json(http, f"{target.engine_url}/version"),
                         "tokenizer": await tokenizer_identity(engine)}
             journal.append("canary.started", stack=target.stack, engine=target.engine_url, oracle=target.oracle,
                            oracle_url=target.oracle_url, why=target.why, every_s=opts.every_s, rpm=opts.rpm,
@@ -390,10 +391,3 @@ async def _ready(http: httpx.AsyncClient, target: Target) -> None:
             raise CanaryRefused(f"{url} answered {r.status_code}: the canary only watches a stack that is "
                                 "serving")
 
-
-async def _version(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
-    try:
-        r = await http.get(f"{url}/version", timeout=10)
-        return r.json() if r.status_code == 200 else {"error": f"HTTP {r.status_code}"}
-    except (httpx.HTTPError, ValueError) as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}

@@ -422,6 +422,7 @@ def test_the_canary_sees_no_divergence_on_the_clean_stack_and_flags_a_zeroed_chu
     (reports / "canary").mkdir(parents=True, exist_ok=True)
     before = set((reports / "canary").iterdir())
     prom = tmp_path / "canary.prom"
+    held_dir = None
     canary = start_kvdrill(["canary", "--stack", str(stack_file), "--every", "10s", "--rpm", "60", "--prompts", "1",
                             "--seed", "7", "--textfile", str(prom), "--reports-dir", str(reports)])
     try:
@@ -447,6 +448,7 @@ def test_the_canary_sees_no_divergence_on_the_clean_stack_and_flags_a_zeroed_chu
         assert first["pairs"][0]["outcome"] == "wrong", first  # the first round that started after the fault
         assert isinstance(first["pairs"][0]["first_diff_token"], int)
         healed = run_kvdrill(["rollback", str(held_dir)], timeout=300)
+        held_dir = None
         assert healed.returncode == 0, healed.stdout + healed.stderr
         undone = time.time()
         _wait_rounds(run_dir, canary, lambda r: any(x["started"] > undone and x["pairs"][0]["outcome"] == "correct"
@@ -455,6 +457,8 @@ def test_the_canary_sees_no_divergence_on_the_clean_stack_and_flags_a_zeroed_chu
         assert 'kvdrill_canary_diverging{stack="user-stack"} 0.0' in text
         assert 'kvdrill_canary_first_divergence_timestamp_seconds{stack="user-stack"}' in text
     finally:
+        if held_dir is not None:  # a failed assertion above must not leave the zeroed chunk on the stack
+            run_kvdrill(["rollback", str(held_dir)], timeout=300)
         if canary.poll() is None:
             canary.send_signal(signal.SIGTERM)
         done = wait_kvdrill(canary, timeout=120)
