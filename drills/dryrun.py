@@ -386,6 +386,11 @@ def render(plan: dict[str, Any], console: Console) -> None:
     console.print(services)
     if "oracle" in plan:
         console.print(f"oracle [bold]{plan['oracle']['mode']}[/]: {escape(str(plan['oracle']['why']))}")
+    if plan["workload"].get("sampling") == "lines":
+        from drills.prompts_file import SAMPLED_CHECKS, TOKEN_IDENTITY_CHECKS
+
+        console.print(f"sampling [bold]lines[/]: a line with its own temperature > 0 is judged by "
+                      f"{', '.join(SAMPLED_CHECKS)}; {', '.join(TOKEN_IDENTITY_CHECKS)} judge the greedy lines only")
     for f in plan["faults"]:
         # one key/value table per fault: long targets fold instead of being cut off in a narrow terminal
         t = Table(show_header=False, title=f"fault {f['id']}", title_justify="left", show_lines=True)

@@ -11,8 +11,11 @@ with the same template and fields), so the oracle, first-diff and ``kv_corrupt``
 what the engine saw; the chat endpoint's own ``prompt_token_ids`` are compared with them on every answer.
 ``max_tokens`` per line overrides ``workload.max_tokens``; ``request`` passes sampling and output fields
 through to the engine (stop strings, logprobs, penalties, ...), named in :data:`REQUEST_FIELDS` so a typo is an
-error here rather than a field the engine silently ignores. Sampling stays greedy (temperature 0): the checks
-compare answers token by token, so ``temperature``, ``top_p`` and ``n`` are kvdrill's, not the line's.
+error here rather than a field the engine silently ignores. Sampling is greedy (temperature 0, seed 0), so the
+checks can compare answers token by token; a recorded trace may keep its own ``temperature``, ``top_p`` and
+``seed`` per line only where the scenario says ``workload.sampling: lines`` (validation context ``sampling``), and
+a line that samples (temperature above 0) is then judged only by the checks that do not need token identity
+(:data:`SAMPLED_CHECKS`). ``n``, ``best_of`` and beam search stay kvdrill's: one answer per request is compared.
 ``expected`` is the answer the line should get, for ``checks.score`` (the evaluation layer, drills/scoring.py).
 ``at`` is when the line was sent in a recorded trace (seconds from its start): ``workload.arrival: trace``
 replays the lines at those times, scaled by its ``speed``.
@@ -29,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 MAX_PROMPTS = 1024
+Sampling = Literal["greedy", "lines"]
 MAX_BYTES = 64 * 1024 * 1024
 
 
@@ -57,8 +61,14 @@ CHAT_ONLY_FIELDS = frozenset({"top_logprobs", "tools", "tool_choice", "parallel_
 # chat fields that change how the prompt is rendered, so /tokenize must be given them too
 RENDER_FIELDS = frozenset({"tools", "chat_template_kwargs"})
 REQUEST_FIELDS = SAMPLING_FIELDS | CHAT_ONLY_FIELDS
-KVDRILL_OWNS = {"temperature": "sampling stays greedy: answers are compared token by token with the no-cache answer",
-                "top_p": "sampling stays greedy", "n": "one answer per request is compared", "seed": "kvdrill sets it",
+# a line's own sampling, allowed only under workload.sampling: lines (a recorded trace's settings)
+SAMPLING_OWNED = ("temperature", "top_p", "seed")
+GREEDY_WHY = ("sampling is greedy in this drill, so answers are compared token by token with the no-cache answer; "
+              "a recorded trace's own sampling needs workload.sampling: lines in the scenario")
+# which checks judge a sampled line's answers: a sampled answer has no single right answer to compare with
+TOKEN_IDENTITY_CHECKS = ("correctness", "production", "recovery")
+SAMPLED_CHECKS = ("degenerate", "hit_rate", "leaks", "liveness", "slo", "logs", "score")
+KVDRILL_OWNS = {"n": "one answer per request is compared",
                 "use_beam_search": "beam search is not greedy", "best_of": "one answer per request is compared",
                 "max_tokens": "use the line's own max_tokens", "stream": "kvdrill streams every request",
                 "model": "the stack's served model is asked", "cache_salt": "kvdrill's oracle owns the salt",
@@ -88,8 +98,14 @@ class PromptLine(_Strict):
 
     @field_validator("request")
     @classmethod
-    def _known_fields(cls, request: dict[str, Any]) -> dict[str, Any]:
+    def _known_fields(cls, request: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        sampling = (info.context or {}).get("sampling", "greedy")
         for name in request:
+            if name in SAMPLING_OWNED:
+                if sampling != "lines":
+                    raise ValueError(f"{name}: not a line's to set ({GREEDY_WHY})")
+                _sampling_value(name, request[name])
+                continue
             if name in KVDRILL_OWNS:
                 raise ValueError(f"{name}: not a line's to set ({KVDRILL_OWNS[name]})")
             if name not in REQUEST_FIELDS:
@@ -103,6 +119,11 @@ class PromptLine(_Strict):
             if chat_only:
                 raise ValueError(f"request: {', '.join(chat_only)} only apply to a chat (messages), not to a text prompt")
         return self
+
+    @property
+    def sampled(self) -> bool:
+        """Its answer is drawn, not argmax: a temperature above 0 (top_p and seed alone change nothing at 0)."""
+        return float(self.request.get("temperature", 0)) > 0
 
     @property
     def render(self) -> dict[str, Any]:
@@ -119,7 +140,8 @@ class PromptsFile:
     @property
     def kinds(self) -> dict[str, int]:
         chats = sum(1 for _, p in self.lines if p.messages is not None)
-        return {"text": len(self.lines) - chats, "chat": chats}
+        sampled = sum(1 for _, p in self.lines if p.sampled)
+        return {"text": len(self.lines) - chats, "chat": chats, **({"sampled": sampled} if sampled else {})}
 
 
 class PromptsFileError(Exception):
@@ -128,7 +150,23 @@ class PromptsFileError(Exception):
         super().__init__("\n".join(f"{path}:{line if line is not None else '?'}: {why}" for line, why in problems))
 
 
-def load_prompts_file(path: Path) -> PromptsFile:
+def _sampling_value(name: str, value: Any) -> None:
+    """A line's own sampling setting, checked here: the engine's 400 would end the drill's oracle instead."""
+    if name == "seed":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"seed: {value!r} is not an integer")
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ValueError(f"{name}: {value!r} is not a number")
+    if name == "temperature" and not 0 <= value <= 2:
+        raise ValueError(f"temperature: {value!r} is outside 0..2")
+    if name == "top_p" and not 0 < value <= 1:
+        raise ValueError(f"top_p: {value!r} is outside (0, 1]")
+
+
+def load_prompts_file(path: Path, sampling: Sampling = "greedy") -> PromptsFile:
+    """``sampling``: the scenario's ``workload.sampling``; ``lines`` lets a line keep its own temperature,
+    top_p and seed."""
     from drills.inputs import InputFileError, read_limited
 
     try:
@@ -151,7 +189,7 @@ def load_prompts_file(path: Path) -> PromptsFile:
             problems.append((number, f"not a JSON object: {exc.msg} (column {exc.colno})"))
             continue
         try:
-            lines.append((number, PromptLine.model_validate(doc)))
+            lines.append((number, PromptLine.model_validate(doc, context={"sampling": sampling})))
         except ValidationError as exc:
             for err in exc.errors():
                 where = ".".join(str(p) for p in err["loc"])
@@ -179,4 +217,4 @@ def prompt_count(workload) -> int:
     """How many prompts a workload sends: its prompts file's lines, else ``workload.prompts``."""
     if workload.prompts_file is None:
         return workload.prompts
-    return len(load_prompts_file(Path(workload.prompts_file)).lines)
+    return len(load_prompts_file(Path(workload.prompts_file), workload.sampling).lines)

@@ -325,7 +325,8 @@ class Runner:
                             chunk_size=sc.stack.lmcache.chunk_size,
                             fresh_ids=[p.id for p in self.fresh] if self.fresh else [],
                             prompts=[{"id": p.id, "tokens": len(p.token_ids), "token_ids": p.token_ids,
-                                      **({"production": p.production} if p.production is not None else {})}
+                                      **({"production": p.production} if p.production is not None else {}),
+                                      **({"sampled": _sampling_of(p)} if p.sampled else {})}
                                      for p in every])
 
         if self.hold:
@@ -904,6 +905,13 @@ def _configure_logging(run_dir: Path):
                     structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
         logger_factory=structlog.PrintLoggerFactory(file=fh), cache_logger_on_first_use=False)
     return structlog.get_logger("kvdrill.runner")
+
+
+def _sampling_of(prompt) -> dict[str, Any]:
+    """A sampled line's own settings, journaled with its prompt: the checks that need token identity skip it."""
+    from drills.prompts_file import SAMPLING_OWNED
+
+    return {k: prompt.request[k] for k in SAMPLING_OWNED if k in prompt.request}
 
 
 def _failures(failed: list[Response]) -> str:

@@ -216,6 +216,13 @@ class WorkloadSpec(_Strict):
                           "(sent to /v1/chat/completions) per line, optionally with max_tokens, request (fields passed "
                           "to the engine: stop, logprobs, tools, ...) and expected (for checks.score); at most 1024 "
                           "lines (drills/prompts_file.py). Replaces prompts, shared_prefix_tokens and unique_tokens")
+    sampling: Literal["greedy", "lines"] = Field(
+        "greedy", description="greedy (default): every request at temperature 0 and seed 0, so every answer is "
+                              "compared token by token with the no-cache answer; lines: a prompts_file line's request "
+                              "may keep its own temperature, top_p and seed (a recorded trace's sampling). A line that "
+                              "samples (temperature > 0) has no one right answer: correctness, production and recovery "
+                              "judge the greedy lines only, and degenerate, hit_rate, leaks, liveness, slo, logs and "
+                              "score judge every line")
 
     @model_validator(mode="after")
     def _prompts_file_alone(self) -> WorkloadSpec:
@@ -229,6 +236,13 @@ class WorkloadSpec(_Strict):
         if self.chaos_prompts == "fresh":
             raise ValueError("workload.chaos_prompts: fresh draws a second seeded prompt set, which a prompts_file "
                              "has not; use same (or a second drill with other prompts)")
+        return self
+
+    @model_validator(mode="after")
+    def _sampling_from_lines(self) -> WorkloadSpec:
+        if self.sampling == "lines" and self.prompts_file is None:
+            raise ValueError("workload.sampling: lines keeps each prompts_file line's own sampling; give "
+                             "workload.prompts_file (seeded prompts are always greedy)")
         return self
 
     @model_validator(mode="after")
@@ -798,7 +812,7 @@ def _with_prompts_file(scenario: Scenario, path: Path, data: Any, inputs: Inputs
 
     file = inputs.path(scenario.workload.prompts_file)  # type: ignore[arg-type]
     try:
-        loaded = load_prompts_file(file)
+        loaded = load_prompts_file(file, scenario.workload.sampling)
     except PromptsFileError as exc:
         line = _line(data, ("workload", "prompts_file"))
         raise ScenarioError(path, [Problem(line, "workload.prompts_file", f"{file}:{n if n is not None else '?'}: {why}")
@@ -809,7 +823,24 @@ def _with_prompts_file(scenario: Scenario, path: Path, data: Any, inputs: Inputs
         raise ScenarioError(path, [Problem(_line(data, ("workload", "arrival")), "workload.arrival",
                                            f"trace needs an `at` (seconds into the trace) on every line of {file}; "
                                            f"line(s) {shown} have none")])
+    if loaded.lines and all(pl.sampled for _, pl in loaded.lines):
+        problems = _token_identity_checks(scenario, data, file, any(pl.answer is not None for _, pl in loaded.lines))
+        if problems:
+            raise ScenarioError(path, problems)
     return scenario.model_copy(update={"workload": scenario.workload.model_copy(update={"prompts_file": str(file)})})
+
+
+def _token_identity_checks(scenario: Scenario, data: Any, file: Path, answers: bool) -> list[Problem]:
+    """Every line samples: the checks that compare answers token by token would judge nothing, and a check that
+    judged nothing must not pass. Each one still enabled is named, with the checks that do apply."""
+    from drills.prompts_file import SAMPLED_CHECKS
+
+    enabled = {"correctness": scenario.checks.correctness.enabled, "recovery": scenario.checks.recovery.enabled,
+               "production": scenario.checks.production.enabled and answers}
+    return [Problem(_line(data, ("checks", name)) or _line(data, ("workload", "sampling")), f"checks.{name}",
+                    f"every line of {file} samples (temperature > 0), so no answer has one right answer to compare "
+                    f"with token by token; set checks.{name}.enabled: false (the checks that judge sampled answers: "
+                    f"{', '.join(SAMPLED_CHECKS)})") for name, on in enabled.items() if on]
 
 
 def _with_scorer(scenario: Scenario, path: Path, data: Any, inputs: Inputs) -> Scenario:
@@ -820,7 +851,8 @@ def _with_scorer(scenario: Scenario, path: Path, data: Any, inputs: Inputs) -> S
 
     spec = scenario.checks.score
     try:
-        spec = resolve(spec, inputs.path, scenario.workload.prompts_file)  # type: ignore[arg-type]
+        spec = resolve(spec, inputs.path, scenario.workload.prompts_file,  # type: ignore[arg-type]
+                       scenario.workload.sampling)
     except ScorerError as exc:
         raise ScenarioError(path, [Problem(_line(data, ("checks", "score", *exc.key)) or _line(data, ("checks", "score")),
                                            ".".join(("checks.score", *exc.key)), why) for why in exc.problems]) from exc

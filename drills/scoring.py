@@ -38,14 +38,16 @@ class ScorerError(Exception):
         super().__init__("; ".join(problems))
 
 
-def resolve(spec: ScoreCheck, find: Callable[[str], Path], prompts_file: str | None) -> ScoreCheck:
+def resolve(spec: ScoreCheck, find: Callable[[str], Path], prompts_file: str | None,
+            sampling: str = "greedy") -> ScoreCheck:
     """``spec`` with its files found where the scenario says (``find``: a name as written -> the file; a schema
     file read, a python entry whose module is a .py file beside the scenario loaded from that file) and
-    checked against the prompt set: the lines a scorer cannot judge without their ``expected`` are named."""
+    checked against the prompt set: the lines a scorer cannot judge without their ``expected`` are named.
+    ``sampling``: the workload's, which the prompts file is read under (drills/prompts_file.py)."""
     if isinstance(spec, ExactScorer) or (isinstance(spec, RegexScorer) and spec.pattern is None):
-        _need_expected(spec, prompts_file)
+        _need_expected(spec, prompts_file, sampling)
     if isinstance(spec, RegexScorer) and spec.pattern is None and prompts_file is not None:
-        _expected_patterns(prompts_file)
+        _expected_patterns(prompts_file, sampling)
     if isinstance(spec, JsonSchemaScorer):
         schema = spec.schema_ if isinstance(spec.schema_, dict) else _schema_file(find(spec.schema_))
         return spec.model_copy(update={"schema_": _checked_schema(schema)})
@@ -59,24 +61,25 @@ def resolve(spec: ScoreCheck, find: Callable[[str], Path], prompts_file: str | N
     return spec
 
 
-def _need_expected(spec: ScoreCheck, prompts_file: str | None) -> None:
+def _need_expected(spec: ScoreCheck, prompts_file: str | None, sampling: str) -> None:
     from drills.prompts_file import load_prompts_file
 
     what = "the exact scorer" if isinstance(spec, ExactScorer) else "the regex scorer without a pattern"
     if prompts_file is None:
         raise ScorerError(("scorer",), [f"{what} compares each answer with its line's expected answer: give "
                                         "workload.prompts_file with an expected on every line"])
-    missing = [n for n, line in load_prompts_file(Path(prompts_file)).lines if line.expected is None]
+    missing = [n for n, line in load_prompts_file(Path(prompts_file), sampling).lines  # type: ignore[arg-type]
+               if line.expected is None]
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
         raise ScorerError(("scorer",), [f"{what} needs an expected answer on every line of {prompts_file}; "
                                         f"line(s) {shown} have none"])
 
 
-def _expected_patterns(prompts_file: str) -> None:
+def _expected_patterns(prompts_file: str, sampling: str) -> None:
     from drills.prompts_file import load_prompts_file
 
-    for n, line in load_prompts_file(Path(prompts_file)).lines:
+    for n, line in load_prompts_file(Path(prompts_file), sampling).lines:  # type: ignore[arg-type]
         try:
             re.compile(line.expected or "")
         except re.error as exc:

@@ -37,16 +37,23 @@ class PhaseCounts:
     correct: int = 0
     wrong: int = 0
     failed: int = 0
-    empty: int = 0  # answered with no text (also counted as correct or wrong)
+    empty: int = 0  # answered with no text (also counted as correct, wrong or sampled)
+    sampled: int = 0  # a sampled line's answers (workload.sampling: lines): not compared token by token
     first: Event | None = None  # its first metrics point
     last: Event | None = None  # its latest metrics point
 
     @property
     def answered(self) -> int:
-        return self.correct + self.wrong
+        return self.correct + self.wrong + self.sampled
 
     def rate(self, n: int) -> float | None:
         return n / self.answered if self.answered else None
+
+    @property
+    def correct_rate(self) -> float | None:
+        """Of the answers compared token by token (a sampled line's are not)."""
+        compared = self.correct + self.wrong
+        return self.correct / compared if compared else None
 
     def hit(self) -> dict[str, Any] | None:
         if self.first is None or self.last is None or self.first is self.last:
@@ -73,6 +80,7 @@ class LiveState:
     phases: list[str] = field(default_factory=list)
     judge: str = "baseline"  # the target whose oracle answers judge (oracle.source)
     oracle: dict[Any, list[int]] = field(default_factory=dict)
+    sampled: frozenset[Any] = frozenset()  # prompt ids whose answers are drawn, never compared (RunView.sampled)
     counts: dict[str, PhaseCounts] = field(default_factory=dict)
     faults: dict[str, str] = field(default_factory=dict)  # fault id -> injected | healed | heal failed
     candidate: Candidate | None = None
@@ -94,6 +102,10 @@ class LiveState:
             return None
         if t == "response":
             return self._response(e, now)
+        if t == "workload.prompts" and isinstance(prompts := d.get("prompts"), list):
+            self.sampled = frozenset(p["id"] for p in prompts if isinstance(p, dict) and isinstance(p.get("id"), int)
+                                     and p.get("sampled"))
+            return None
         if t == "observe.metrics" and e.phase in TRAFFIC_PHASES and d.get("oracle_set") is None:
             c = self.counts.setdefault(e.phase, PhaseCounts())
             c.first = c.first or e
@@ -129,6 +141,9 @@ class LiveState:
         got = list(d.get("token_ids") or [])
         if not (d.get("text") or "").strip():
             c.empty += 1
+        if pid in self.sampled:
+            c.sampled += 1
+            return None
         want = self.oracle.get(pid) if isinstance(pid, int) else None
         if want is None or got == want:
             c.correct += want is not None
@@ -153,6 +168,7 @@ class LiveState:
             out.wrong += c.wrong
             out.failed += c.failed
             out.empty += c.empty
+            out.sampled += c.sampled
         return out
 
     def rows(self) -> list[dict[str, Any]]:
@@ -164,7 +180,7 @@ class LiveState:
                 continue
             hit = c.hit() or {}
             out.append({"phase": phase, "correct": c.correct, "wrong": c.wrong, "failed": c.failed, "empty": c.empty,
-                        "correct_rate": c.rate(c.correct), "empty_rate": c.rate(c.empty),
+                        "sampled": c.sampled, "correct_rate": c.correct_rate, "empty_rate": c.rate(c.empty),
                         "hit_rate": hit.get("hit_rate_tokens"), "l1_hit_tokens": hit.get("lmcache_l1_hit_tokens"),
                         "l2_hit_tokens": hit.get("lmcache_l2_hit_tokens"),
                         "apc_hit_rate": hit.get("vllm_apc_hit_rate")})
@@ -290,7 +306,9 @@ def panel(state: LiveState, run_id: str) -> Any:
 def summary_line(state: LiveState) -> str:
     t = state.totals()
     hit = next((r["hit_rate"] for r in reversed(state.rows()) if r["hit_rate"] is not None), None)
-    return (f"[{state.phase or '-'}] answers: {t.correct} correct, {t.wrong} wrong, {t.failed} failed, {t.empty} empty; "
+    sampled = f", {t.sampled} sampled (not compared)" if t.sampled else ""
+    return (f"[{state.phase or '-'}] answers: {t.correct} correct, {t.wrong} wrong, {t.failed} failed, {t.empty} empty"
+            f"{sampled}; "
             f"hit rate {'-' if hit is None else f'{hit:.0%}'}; verdict so far: {state.running_verdict}")
 
 

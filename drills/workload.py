@@ -54,6 +54,7 @@ class Prompt:
     text: str | None = None  # a prompts file's text prompt as written (a python scorer is given it)
     at: float | None = None  # seconds into a recorded trace (workload.arrival: trace)
     production: str | None = None  # the answer production gave (a recorded trace's line): the production check
+    sampled: bool = False  # its request keeps the line's own temperature > 0 (workload.sampling: lines)
 
     @property
     def name(self) -> str:
@@ -195,9 +196,11 @@ class EngineClient:
 
         ``cache_salt``: vLLM's per-request cache isolation key (the salted oracle sends a fresh one).
         ``messages``: a chat, sent to /v1/chat/completions (``token_ids`` are its rendering, not sent).
-        ``request``: a prompts file line's pass-through fields (stop strings, logprobs, tools, ...)."""
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, **(request or {}), "temperature": 0,
-                                "seed": 0, "return_token_ids": True, "stream": True,
+        ``request``: a prompts file line's pass-through fields (stop strings, logprobs, tools, ...), and under
+        ``workload.sampling: lines`` its own temperature, top_p and seed (validation lets nothing else override
+        greedy)."""
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+                                **(request or {}), "return_token_ids": True, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if cache_salt is not None:
             body["cache_salt"] = cache_salt
@@ -262,7 +265,7 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
     set's, so its chunks are not in the cache until chaos traffic stores them. With ``prompts_file`` the
     prompts are the file's lines instead (:func:`file_prompts`)."""
     if spec.prompts_file is not None:
-        return await file_prompts(client, Path(spec.prompts_file), seed)
+        return await file_prompts(client, Path(spec.prompts_file), seed, spec.sampling)
     rng = random.Random(seeds.WORKLOAD.format(seed=seed))
     n = spec.shared_prefix_tokens
 
@@ -291,13 +294,13 @@ async def build_prompts(client: EngineClient, spec: WorkloadSpec, seed: int, *, 
     return PromptSet(prompts=prompts, shared_prefix_tokens=len(shared), seed=seed)
 
 
-async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet:
+async def file_prompts(client: EngineClient, path: Path, seed: int, sampling: str = "greedy") -> PromptSet:
     """A prompts file's lines (drills/prompts_file.py) as token ids from the engine's own tokenizer, prompt ids
     in file order; the set's shared prefix is the longest token prefix every prompt starts with (a common
     system prompt), which is what the cache can share between them."""
     from drills.prompts_file import load_prompts_file
 
-    loaded = load_prompts_file(path)
+    loaded = load_prompts_file(path, sampling)  # type: ignore[arg-type]
     prompts = []
     for i, (_, line) in enumerate(loaded.lines):
         messages = tuple(m.model_dump() for m in line.messages) if line.messages is not None else None
@@ -305,7 +308,7 @@ async def file_prompts(client: EngineClient, path: Path, seed: int) -> PromptSet
                else await client.tokenize(line.prompt or "", special_tokens=True))
         prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens, messages=messages,
                               request=dict(line.request), expected=line.expected, text=line.prompt, at=line.at,
-                              production=line.answer))
+                              production=line.answer, sampled=line.sampled))
     source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
     return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
                      source=source)

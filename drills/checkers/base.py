@@ -50,6 +50,7 @@ class RunView:
     history: History
     responses: list[Event] = field(default_factory=list)
     _oracle: dict[int, Event] | None = field(default=None, repr=False)
+    _sampled: frozenset[Any] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, history: History, like: RunView | None = None) -> RunView:
@@ -192,14 +193,30 @@ class RunView:
                 return self._set_answers.get((fid, pid))
         return self.oracle().get(pid)
 
+    def sampled(self) -> frozenset[Any]:
+        """Prompt ids whose requests kept a prompts file line's own sampling (temperature > 0, under
+        ``workload.sampling: lines``): an answer drawn at random has no one right answer, so the checks that
+        compare token by token leave them out and say how many (drills/prompts_file.py, SAMPLED_CHECKS)."""
+        if self._sampled is None:
+            made = self.history.first("workload.prompts")
+            prompts = made.data.get("prompts") if made is not None else None
+            self._sampled = frozenset(p["id"] for p in (prompts if isinstance(prompts, list) else [])
+                                      if isinstance(p, dict) and _key(p.get("id")) and p.get("sampled"))
+        return self._sampled
+
+    def is_sampled(self, response: Event) -> bool:
+        pid = response.data.get("prompt_id")
+        return _key(pid) and pid in self.sampled()
+
     def correct(self, response: Event) -> bool:
-        """Answered, and token-identical to its oracle. Judged once per response in this view: the slo
+        """Answered, and token-identical to its oracle (never true of a sampled line's answer: ``is_sampled``). Judged once per response in this view: the slo
         check, the recovery check, the effect judgement and both pictures each ask for most of them."""
         known = self._correct.get(id(response))
         if known is not None and known[0] is response:  # the event is kept with its answer: its id stays its own
             return known[1]
         ref = self.oracle_for(response)
-        right = bool(response.data.get("ok")) and ref is not None and response.data["token_ids"] == ref.data["token_ids"]
+        right = (bool(response.data.get("ok")) and ref is not None and not self.is_sampled(response)
+                 and response.data["token_ids"] == ref.data["token_ids"])
         self._correct[id(response)] = (response, right)
         return right
 

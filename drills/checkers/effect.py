@@ -65,7 +65,8 @@ def _answers(view: RunView) -> list[dict[str, Any]]:
     for phase in ("chaos", "recovery"):
         sent = view.phase_responses(phase)
         failed = [e for e in sent if not e.data.get("ok")]
-        wrong = [e for e in sent if e.data.get("ok") and view.oracle_for(e) is not None and not view.correct(e)]
+        wrong = [e for e in sent if e.data.get("ok") and view.oracle_for(e) is not None and not view.is_sampled(e)
+                 and not view.correct(e)]
         if failed:
             out.append({"signal": "failed_requests", "phase": phase, "count": len(failed),
                         "text": f"{len(failed)} of {len(sent)} {phase} requests failed",

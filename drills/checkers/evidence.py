@@ -156,16 +156,16 @@ _ADAPTERS = {t: TypeAdapter(m) for t, m in SHAPES.items()}
 FAULTS = ("fault.injected", "fault.healed")
 # The event types each checker reads (the base view's oracle and fault windows included)
 READS: dict[str, tuple[str, ...]] = {
-    "correctness": ("response", *FAULTS),
+    "correctness": ("response", "workload.prompts", *FAULTS),
     "degenerate": ("response", *FAULTS),
     "hit_rate": ("observe.metrics", "observe.log", "warm.stored"),
     "leaks": ("observe.status", "drain.result", "service.stopped", "observe.shm"),
     "liveness": ("response", "service.died", "service.start_failed", *FAULTS),
-    "recovery": ("response", "observe.metrics", *FAULTS),
+    "recovery": ("response", "observe.metrics", "workload.prompts", *FAULTS),
     "slo": ("response", "observe.metrics", "warm.stored", "workload.prompts", *FAULTS),
     "oracle": ("response", "observe.metrics"),
     "logs": ("observe.log_check",),
-    "score": ("response", "score", *FAULTS),
+    "score": ("response", "score", "workload.prompts", *FAULTS),
     "production": ("response", "workload.prompts", *FAULTS),
 }
 

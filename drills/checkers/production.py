@@ -48,7 +48,9 @@ def recorded(view: RunView) -> dict[int, str]:
 
 
 def check(view: RunView, spec: ProductionCheck) -> CheckResult:
-    answers = recorded(view)
+    # a sampled line's production answer was one draw: another draw may differ and be right
+    every = recorded(view)
+    answers = {pid: a for pid, a in every.items() if pid not in view.sampled()}
     oracle = view.oracle()
     wrong: list[dict[str, Any]] = []
     unjudged: list[int] = []
@@ -70,7 +72,11 @@ def check(view: RunView, spec: ProductionCheck) -> CheckResult:
             ev.update(reproduced_by=repro.data.get("request_id"), ref=repro.ref, phase=repro.phase)
         wrong.append(ev)
     details = {"recorded": len(answers), "agree": right, "wrong_in_production": len(wrong),
-               "reproduced": sum("reproduced_by" in w for w in wrong), "unjudged": unjudged, "phases": spec.phases}
+               "reproduced": sum("reproduced_by" in w for w in wrong), "unjudged": unjudged, "phases": spec.phases,
+               **({"sampled_not_compared": len(every) - len(answers)} if len(every) > len(answers) else {})}
+    if not answers:
+        return CheckResult("production", "error", "every line with production's answer samples (temperature > 0): "
+                                                  "no one right answer to compare with", details=details)
     if len(unjudged) == len(answers):
         return CheckResult("production", "error", "no no-cache answer for any line with production's answer: "
                                                   "nothing to compare with", details=details)

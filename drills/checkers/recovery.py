@@ -25,7 +25,7 @@ def waves(view: RunView, phase: str = "recovery") -> list[dict[str, Any]]:
         wave = after.data.get("wave")
         if wave is None:
             continue  # a "before" point opens the next wave; it closes none
-        right = [view.correct(e) for e in by_wave.get(wave, [])]
+        right = [view.correct(e) for e in by_wave.get(wave, []) if not view.is_sampled(e)]
         rates = event_window(view, before, after)
         out.append({"wave": wave, "ended": after.ts, "responses": len(right), "correct": sum(right),
                     "all_correct": bool(right) and all(right), "hit_rate": rates["hit_rate_tokens"],
@@ -43,9 +43,11 @@ def check(view: RunView, opts: RecoveryCheck) -> CheckResult:
     healed = view.heal_time()
     if healed is None:
         return CheckResult("recovery", "pass", "no fault was healed in this run: nothing to recover from")
-    responses = sorted(view.phase_responses("recovery"), key=lambda e: e.ts)
+    responses = sorted((e for e in view.phase_responses("recovery") if not view.is_sampled(e)), key=lambda e: e.ts)
     if not responses:
-        return CheckResult("recovery", "error", "no recovery traffic in the journal (recovery.enabled is false?)")
+        why = ("only sampled lines' answers (temperature > 0), which have no one right answer"
+               if view.phase_responses("recovery") else "no recovery traffic in the journal (recovery.enabled is false?)")
+        return CheckResult("recovery", "error", f"nothing to judge recovery by: {why}")
     first = next((e for e in responses if e.ts >= healed and view.correct(e)), None)
     per_wave = waves(view)
     back = next((w for w in per_wave if recovered(w, opts.min_hit_rate)), None)

@@ -7,7 +7,9 @@ that scores below ``pass_at`` is one of the field report's three kinds of zeros:
 - ``request``: it equals the no-cache answer, which is empty because of what was asked (a stop string matched
   at once, or ``max_tokens`` ran out before any text); the cache cannot be blamed;
 - ``evaluation``: it equals the no-cache answer and still scores 0: the expected answer, the scorer or the
-  model is wrong, not the cache.
+  model is wrong, not the cache;
+- ``sampled``: a sampled line's answer (``workload.sampling: lines``): drawn at random, so the no-cache answer
+  is another draw and one zero cannot be laid at the cache's door; counted, never a FAIL.
 
 FAIL when the cache cost answers their score: a ``cache`` zero whose no-cache answer scored at or above
 ``pass_at``. Zeros of the other kinds are reported, never a FAIL of the stack.
@@ -26,7 +28,7 @@ EVIDENCE_PER_KIND = 8
 
 def check(view: RunView, spec: ScoreCheck) -> CheckResult:
     scores = _scores(view)
-    kinds: dict[str, list[dict[str, Any]]] = {"cache": [], "evaluation": [], "request": []}
+    kinds: dict[str, list[dict[str, Any]]] = {"cache": [], "evaluation": [], "request": [], "sampled": []}
     lost: list[dict[str, Any]] = []
     broken: list[dict[str, Any]] = []
     scored = right = 0
@@ -51,7 +53,7 @@ def check(view: RunView, spec: ScoreCheck) -> CheckResult:
             counts["zeros"] += 1
             ref = view.oracle_for(e)
             ref_score = _after(scores.get(ref.data.get("request_id")), ref) if ref is not None else None
-            kind = _kind(e, ref)
+            kind = "sampled" if view.is_sampled(e) else _kind(e, ref)
             item = {**response_ref(e), "phase": phase, "prompt_id": e.data.get("prompt_id"), "score_ref": s.ref,
                     "score": s.data.get("score"), "why": _why(e, kind, s), "text": (e.data.get("text") or "")[:200]}
             if ref is not None:
@@ -62,7 +64,7 @@ def check(view: RunView, spec: ScoreCheck) -> CheckResult:
             if kind == "cache" and ref_score is not None and ref_score.data.get("passed"):
                 lost.append(item)
     details = {"scorer": spec.scorer, "pass_at": spec.pass_at, "scored": scored, "right": right,
-               "zeros": {k: len(v) for k, v in kinds.items()}, "per_phase": per_phase, "scorer_errors": len(broken)}
+               "zeros": {k: len(v) for k, v in kinds.items() if v or k != "sampled"}, "per_phase": per_phase, "scorer_errors": len(broken)}
     evidence = [item for items in kinds.values() for item in items[:EVIDENCE_PER_KIND]] + broken[:EVIDENCE_PER_KIND]
     zeros = _zeros(kinds)
     if lost:
@@ -122,6 +124,8 @@ def empty_by_request(data: dict[str, Any]) -> str | None:
 def _why(e: Event, kind: str, s: Event) -> str:
     if kind == "request":
         return f"empty because of the request: {empty_by_request(e.data)}"
+    if kind == "sampled":
+        return f"a sampled answer scored {s.data.get('score')}: another draw of the no-cache engine may score too"
     if kind == "evaluation":
         return f"equals the no-cache answer and scores {s.data.get('score')}: the evaluation chain, not the cache " \
                f"({s.data.get('why') or 'scored below pass_at'})"
@@ -133,4 +137,5 @@ def _zeros(kinds: dict[str, list]) -> str:
     if not sum(n.values()):
         return ""
     return (f"; zeros: {n['cache']} from the cache (differ from the no-cache answer), {n['evaluation']} from the "
-            f"evaluation chain (equal to it), {n['request']} empty because of the request")
+            f"evaluation chain (equal to it), {n['request']} empty because of the request"
+            + (f", {n['sampled']} of sampled answers (not attributed)" if n["sampled"] else ""))

@@ -227,6 +227,8 @@ def _fallback_section(history: History) -> list[str]:
     if not chaos:
         return []
     ok = [e for e in chaos if e.data.get("ok")]
+    sampled = [e for e in ok if view.is_sampled(e)]  # no one right answer: neither right nor wrong
+    ok = [e for e in ok if not view.is_sampled(e)]
     right = [e for e in ok if view.correct(e)]
     cached = [e for e in right if (e.data.get("cached_tokens") or 0) > 0]
     kinds: dict[str, int] = {}
@@ -237,6 +239,8 @@ def _fallback_section(history: History) -> list[str]:
     parts = [f"{len(cached)} correct with cached tokens", f"{len(right) - len(cached)} correct without (recomputed)"]
     if len(ok) > len(right):
         parts.append(f"**{len(ok) - len(right)} wrong**")
+    if sampled:
+        parts.append(f"{len(sampled)} sampled (not compared token by token)")
     parts += [f"**{n} {kind}**" for kind, n in sorted(kinds.items())]
     return ["", "## Engine behaviour while the faults held", "",
             f"{len(chaos)} chaos requests: " + ", ".join(parts) + f"; slowest {slowest:.1f}s "

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # one colour per request outcome, the same in the legend, the timeline and the HTML tables
 OUTCOME_COLOURS = {"correct": "#2e7d32", "wrong": "#c62828", "failed": "#ef6c00", "unavailable": "#9e9e9e",
-                   "baseline": "#1565c0"}
+                   "baseline": "#1565c0", "sampled": "#6d4c41"}
 PHASE_COLOURS = {"preflight": "#eceff1", "up": "#e3f2fd", "oracle": "#e8eaf6", "warm": "#fff8e1", "steady": "#e8f5e9",
                  "chaos": "#ffebee", "heal": "#f3e5f5", "recovery": "#e0f2f1", "drain": "#f1f8e9", "down": "#eceff1",
                  "report": "#eceff1"}
@@ -89,6 +89,8 @@ def outcome(view: RunView, e: Event) -> str:
         return "baseline"
     if not e.data.get("ok"):
         return "unavailable" if view.expected_down(e) is not None else "failed"
+    if view.is_sampled(e):
+        return "sampled"  # no one right answer (workload.sampling: lines)
     return "correct" if view.correct(e) else "wrong"
 
 
@@ -180,7 +182,8 @@ def timeline(history: History) -> str | None:
                  fontsize=10)
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=c, label=k) for k, c in OUTCOME_COLOURS.items()]
+    drawn = {kind for _, kind in bars}
+    handles = [Patch(color=c, label=k) for k, c in OUTCOME_COLOURS.items() if k != "sampled" or k in drawn]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8, frameon=False)
     return _png(fig)
 

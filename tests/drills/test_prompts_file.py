@@ -145,8 +145,9 @@ async def test_the_tokenizer_and_chat_template_are_fingerprinted_and_a_missing_t
 
 
 @pytest.mark.parametrize(("line", "says"), [
-    ('{"prompt": "a", "request": {"temperature": 0.7}}', "request: temperature: not a line's to "
-                                                         "set (sampling stays greedy"),
+    ('{"prompt": "a", "request": {"temperature": 0.7}}', "request: temperature: not a line's to set (sampling is "
+                                                         "greedy in this drill"),
+    ('{"prompt": "a", "request": {"n": 2}}', "request: n: not a line's to set (one answer per request is compared)"),
     ('{"prompt": "a", "request": {"stpo": ["x"]}}', "request: stpo: unknown field; allowed: allowed_token_ids, bad_words"),
     ('{"prompt": "a", "request": {"tools": []}}', "tools only apply to a chat (messages), not to a text prompt"),
 ])
@@ -219,3 +220,71 @@ async def test_a_chat_the_server_rendered_otherwise_than_tokenize_says_so_on_eve
     [response] = [json.loads(x) for x in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()
                   if json.loads(x)["type"] == "response"]
     assert response["data"]["rendered_differs"] is True
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ('{"prompt": "a", "request": {"temperature": 3}}', "request: temperature: 3 is outside 0..2"),
+    ('{"prompt": "a", "request": {"top_p": 0}}', "request: top_p: 0 is outside (0, 1]"),
+    ('{"prompt": "a", "request": {"seed": "x"}}', "request: seed: 'x' is not an integer"),
+    ('{"prompt": "a", "request": {"temperature": true}}', "request: temperature: True is not a number"),
+    ('{"prompt": "a", "request": {"best_of": 2}}', "request: best_of: not a line's to set"),
+])
+def test_under_sampling_lines_a_lines_own_sampling_is_checked_and_n_stays_kvdrills(tmp_path, line, says):
+    path = _write(tmp_path, '{"prompt": "fine", "request": {"temperature": 0.8, "top_p": 0.9, "seed": 3}}', line)
+    with pytest.raises(PromptsFileError) as exc:
+        load_prompts_file(path, "lines")
+    assert f"{path}:2: {says}" in str(exc.value)
+
+
+def test_a_line_samples_only_above_temperature_zero_and_the_file_counts_them(tmp_path):
+    path = _write(tmp_path, '{"prompt": "a", "request": {"temperature": 0.8, "seed": 3}}',
+                  '{"prompt": "b", "request": {"temperature": 0, "top_p": 0.5}}', '{"prompt": "c"}')
+    loaded = load_prompts_file(path, "lines")
+    assert [pl.sampled for _, pl in loaded.lines] == [True, False, False]
+    assert loaded.kinds == {"text": 3, "chat": 0, "sampled": 1}
+
+
+def test_sampling_lines_needs_a_prompts_file_and_an_all_sampled_file_refuses_the_token_identity_checks(tmp_path):
+    with pytest.raises(ValueError, match="workload.sampling: lines keeps each prompts_file line's own sampling"):
+        WorkloadSpec(sampling="lines")
+    _write(tmp_path, '{"prompt": "a", "request": {"temperature": 0.8}, "answer": "x"}')
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: mine\nworkload:\n  prompts_file: prompts.jsonl\n  sampling: lines\n"
+                        "checks:\n  correctness: {enabled: false}\n")
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(scenario)
+    said = exc.value.render()
+    # correctness is off; recovery and production (the line carries production's answer) are named
+    assert "checks.correctness" not in said and f"{scenario}:5: checks.recovery: every line of" in said
+    assert "checks.production: every line" in said
+    assert "set checks.recovery.enabled: false (the checks that judge sampled answers: degenerate, hit_rate" in said
+    scenario.write_text("name: mine\nworkload:\n  prompts_file: prompts.jsonl\n  sampling: lines\n"
+                        "checks:\n  correctness: {enabled: false}\n  recovery: {enabled: false}\n"
+                        "  production: {enabled: false}\n")
+    assert load_scenario(scenario).scenario.workload.sampling == "lines"
+    # one greedy line among sampled ones: the token-identity checks judge it, so they may stay on
+    _write(tmp_path, '{"prompt": "a", "request": {"temperature": 0.8}}', '{"prompt": "b"}')
+    scenario.write_text("name: mine\nworkload:\n  prompts_file: prompts.jsonl\n  sampling: lines\n")
+    load_scenario(scenario)
+    scenario.write_text("name: mine\nworkload:\n  prompts_file: prompts.jsonl\n")
+    with pytest.raises(ScenarioError, match="temperature: not a line's to set"):
+        load_scenario(scenario)
+
+
+async def test_a_sampled_lines_own_sampling_reaches_the_engine_and_a_greedy_line_stays_at_zero(tmp_path):
+    path = _write(tmp_path, json.dumps({"prompt": "x", "request": {"temperature": 0.8, "top_p": 0.9, "seed": 5}}),
+                  json.dumps({"prompt": "y"}))
+    seen: list[tuple[str, dict]] = []
+    journal = Journal(tmp_path / "run")
+    journal.phase = "warm"
+    async with _chat_engine(seen) as http:
+        client = EngineClient("http://engine", "m", http)
+        prompts = await file_prompts(client, path, seed=1, sampling="lines")
+        await send_wave(client, prompts, WorkloadSpec(max_tokens=4, concurrency=1), journal, target="engine", wave=1)
+    journal.close()
+    sent = [b for p, b in seen if p == "/v1/completions"]  # both prompts tokenize to [1, 9] here
+    sampled = [b for b in sent if b["temperature"] == 0.8]
+    greedy = [b for b in sent if b["temperature"] == 0]
+    assert len(sampled) == 1 and sampled[0]["top_p"] == 0.9 and sampled[0]["seed"] == 5
+    assert len(greedy) == 1 and greedy[0]["seed"] == 0 and "top_p" not in greedy[0]
+    assert [p.sampled for p in prompts] == [True, False]

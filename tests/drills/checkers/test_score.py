@@ -33,11 +33,16 @@ def _engine(answers: dict[str, dict[int, dict]]):
     return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://engine")
 
 
-async def _drill(tmp_path, engine_answers: dict[int, dict], oracle_answers: dict[int, dict], spec=EXACT):
+async def _drill(tmp_path, engine_answers: dict[int, dict], oracle_answers: dict[int, dict], spec=EXACT,
+                 sampled: frozenset[int] = frozenset()):
     prompts = PromptSet([Prompt(i, [i], expected=e) for i, e in enumerate(["42", "L2", "yes", "ok"])],
                         shared_prefix_tokens=0, seed=1, scorer=build(spec))
     prompts = PromptSet([p for p in prompts if p.id in oracle_answers], 0, 1, scorer=prompts.scorer)
     j = Journal(tmp_path / "run")
+    if sampled:  # as the runner journals a sampled line (workload.sampling: lines)
+        j.append("workload.prompts", shared_prefix_tokens=0, chunk_size=256, fresh_ids=[], prompts=[
+            {"id": p.id, "tokens": 1, "token_ids": p.token_ids, **({"sampled": {"temperature": 1}} if p.id in sampled
+                                                                  else {})} for p in prompts])
     async with _engine({"engine": engine_answers, "oracle": oracle_answers}) as http:
         client = EngineClient("http://engine", "m", http)
         j.phase = "oracle"
@@ -101,3 +106,12 @@ async def test_a_scorer_that_raises_is_an_error_naming_it(tmp_path, monkeypatch)
     monkeypatch.setattr(scoring, "_judge", boom)
     r = check(await _drill(tmp_path, RIGHT, RIGHT), EXACT)
     assert r.verdict == "error" and "failed on 2 answer(s): RuntimeError: scorer down" in r.summary
+
+
+async def test_a_sampled_answers_zero_is_counted_apart_and_never_laid_at_the_caches_door(tmp_path):
+    wrong = {0: {"ids": [4, 3], "text": "43"}, 1: {"ids": [7], "text": "L2"}}
+    r = check(await _drill(tmp_path, wrong, RIGHT, sampled=frozenset({0})), EXACT)
+    assert r.verdict == "pass" and r.details["zeros"] == {"cache": 0, "evaluation": 0, "request": 0, "sampled": 1}
+    assert "1 of sampled answers (not attributed)" in r.summary
+    [item] = r.evidence
+    assert item["prompt_id"] == 0 and "another draw of the no-cache engine may score too" in item["why"]
