@@ -29,7 +29,7 @@ from drills.checkers.hit_rate import window
 from drills.journal import JOURNAL_NAME, Event, decode_line
 
 TRAFFIC_PHASES = ("warm", "steady", "chaos", "recovery")
-OUTCOMES = ("correct", "wrong", "failed", "empty")
+OUTCOMES = ("correct", "wrong", "sampled", "failed", "empty")
 
 
 @dataclass
@@ -252,9 +252,9 @@ def openmetrics(state: LiveState, run_id: str) -> str:
     reg = CollectorRegistry()
     labels = ["run", "phase"]
     answers = Gauge("kvdrill_answers", "answers so far by outcome (correct/wrong against the no-cache oracle, "
-                    "failed, empty)", [*labels, "outcome"], registry=reg)
+                    "sampled: a sampled line's, not compared; failed, empty)", [*labels, "outcome"], registry=reg)
     rates = {name: Gauge(f"kvdrill_{name}", help_, labels, registry=reg) for name, help_ in (
-        ("correct_answer_rate", "correct answers / answers, per phase"),
+        ("correct_answer_rate", "correct answers / answers compared token by token, per phase"),
         ("empty_response_rate", "answers with no text / answers, per phase"),
         ("hit_rate", "LMCache hit tokens / requested tokens, per phase"))}
     tiers = Gauge("kvdrill_hit_tokens", "LMCache hit tokens per tier and phase", [*labels, "tier"], registry=reg)

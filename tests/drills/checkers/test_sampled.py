@@ -14,7 +14,7 @@ from drills.checkers.recovery import check as recovery
 from drills.checkers.slo import phase_latency
 from drills.journal import Journal, read_history
 from drills.scenario import ChecksSpec, CorrectnessCheck, ProductionCheck, RecoveryCheck, SloCheck
-from drills.watch import LiveState
+from drills.watch import LiveState, openmetrics
 
 SAMPLED, GREEDY = 0, 1
 
@@ -94,3 +94,5 @@ def test_the_live_watch_counts_sampled_answers_apart_and_never_as_a_fail_candida
     chaos = next(r for r in state.rows() if r["phase"] == "chaos")
     assert state.candidate is None and chaos["sampled"] == 1 and chaos["correct"] == 1 and chaos["wrong"] == 0
     assert chaos["correct_rate"] == 1.0
+    series = openmetrics(state, "r1")
+    assert 'kvdrill_answers{outcome="sampled",phase="chaos",run="r1"} 1.0' in series
