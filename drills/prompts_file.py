@@ -4,7 +4,9 @@
     {"messages": [{"role": "system", "content": "You are the on-call assistant. ..."},
                   {"role": "user", "content": "What failed first?"}], "max_tokens": 64}
 
-A ``prompt`` is text, sent to ``/v1/completions``; ``messages`` is a chat, sent to ``/v1/chat/completions``
+A ``prompt`` is text, sent to ``/v1/completions``; ``prompt_embeds`` is a prompt given as embeddings (vLLM's own
+wire form: base64 of a ``torch.save``d float tensor, tokens x hidden; drills/embeds.py), sent to
+``/v1/completions`` too, where the engine runs with ``--enable-prompt-embeds``; ``messages`` is a chat, sent to ``/v1/chat/completions``
 so the server applies its own chat template (and ``tools``, ``chat_template_kwargs``) as it does for users.
 Either way the engine's tokenizer also turns the line into token ids first (vLLM's ``/tokenize``, for a chat
 with the same template and fields), so the oracle, first-diff and ``kv_corrupt``'s chunks by prompt work on
@@ -79,6 +81,9 @@ class PromptLine(_Strict):
     prompt: str | None = Field(None, min_length=1, description="text, sent to /v1/completions")
     messages: list[Message] | None = Field(None, min_length=1, description="a chat, sent to /v1/chat/completions "
                                                                            "and rendered by the engine's template")
+    prompt_embeds: str | None = Field(None, min_length=1, description="a prompt as embeddings: base64 of a "
+                                      "torch.save'd float tensor (tokens x hidden), as vLLM's /v1/completions takes "
+                                      "it; the engine needs --enable-prompt-embeds (stack.engine.prompt_embeds)")
     max_tokens: int | None = Field(None, ge=1, le=32768, description="this prompt's answer length (default: "
                                                                     "workload.max_tokens)")
     request: dict[str, Any] = Field(default_factory=dict, description="fields passed through to the engine's "
@@ -92,9 +97,21 @@ class PromptLine(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> PromptLine:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt (text) or messages (a chat)")
+        if sum(x is not None for x in (self.prompt, self.messages, self.prompt_embeds)) != 1:
+            raise ValueError("give exactly one of prompt (text), messages (a chat) or prompt_embeds (embeddings)")
         return self
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _a_tensor(cls, value: str | None) -> str | None:
+        from drills.embeds import EmbedsError, read_embeds
+
+        if value is not None:
+            try:
+                read_embeds(value)
+            except EmbedsError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("request")
     @classmethod
@@ -114,11 +131,22 @@ class PromptLine(_Strict):
 
     @model_validator(mode="after")
     def _chat_fields_on_chats(self) -> PromptLine:
-        if self.prompt is not None:
+        if self.messages is None:
             chat_only = sorted(set(self.request) & CHAT_ONLY_FIELDS)
             if chat_only:
-                raise ValueError(f"request: {', '.join(chat_only)} only apply to a chat (messages), not to a text prompt")
+                kind = "a text prompt" if self.prompt is not None else "prompt_embeds"
+                raise ValueError(f"request: {', '.join(chat_only)} only apply to a chat (messages), not to {kind}")
+        if self.prompt_embeds is not None and "prompt_logprobs" in self.request:
+            raise ValueError("request: prompt_logprobs: vLLM refuses it with prompt_embeds (there are no prompt "
+                             "tokens to score)")
         return self
+
+    @property
+    def embeds(self):
+        """The line's embeddings, read (shape, dtype, digest), or None."""
+        from drills.embeds import read_embeds
+
+        return read_embeds(self.prompt_embeds) if self.prompt_embeds is not None else None
 
     @property
     def sampled(self) -> bool:
@@ -140,8 +168,10 @@ class PromptsFile:
     @property
     def kinds(self) -> dict[str, int]:
         chats = sum(1 for _, p in self.lines if p.messages is not None)
+        embeds = sum(1 for _, p in self.lines if p.prompt_embeds is not None)
         sampled = sum(1 for _, p in self.lines if p.sampled)
-        return {"text": len(self.lines) - chats, "chat": chats, **({"sampled": sampled} if sampled else {})}
+        return {"text": len(self.lines) - chats - embeds, "chat": chats, **({"embeds": embeds} if embeds else {}),
+                **({"sampled": sampled} if sampled else {})}
 
 
 class PromptsFileError(Exception):
@@ -206,8 +236,8 @@ def load_prompts_file(path: Path, sampling: Sampling = "greedy") -> PromptsFile:
 
 def _message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
-        return ("unknown field; allowed: prompt, messages, max_tokens, request, expected, at, answer (and role, content "
-                "in a message)")
+        return ("unknown field; allowed: prompt, messages, prompt_embeds, max_tokens, request, expected, at, answer "
+                "(and role, content in a message)")
     if err["type"] == "literal_error":
         return f"{err['msg']}"  # pydantic names the allowed values
     return err["msg"].removeprefix("Value error, ")

@@ -103,6 +103,8 @@ class EngineOptions(_Strict):
     kv_cache_space_gb: int = Field(1, ge=1, le=8, description="VLLM_CPU_KVCACHE_SPACE")
     max_model_len: int = Field(4096, ge=512, le=8192)
     startup_deadline: Duration = 240.0
+    prompt_embeds: bool = Field(False, description="vLLM's --enable-prompt-embeds on the engine and the baseline, for "
+                                                   "a prompts file's prompt_embeds lines (sandbox stack only)")
     shutdown_timeout: int = Field(
         0, ge=0, le=120, description="vLLM's --shutdown-timeout: 0 (vLLM's default) aborts on SIGTERM and force-kills "
                                      "EngineCore at once, which can cut LMCache's unregister short; >0 drains (a "
@@ -146,6 +148,14 @@ class StackSpec(_Strict):
         if isinstance(data, dict) and data.get("file") is not None and "ref" not in data:
             return {**data, "ref": "attach"}
         return data
+
+    @model_validator(mode="after")
+    def _embeds_on_the_sandbox(self) -> StackSpec:
+        if self.engine.prompt_embeds and self.ref != "sandbox":
+            raise ValueError(f"stack.engine.prompt_embeds starts the sandbox's vLLM with --enable-prompt-embeds; "
+                             f"{self.ref} does not take it (an attached stack's engine is started by you, with the "
+                             "flag)")
+        return self
 
     @model_validator(mode="after")
     def _attach_has_file(self) -> StackSpec:
@@ -823,6 +833,12 @@ def _with_prompts_file(scenario: Scenario, path: Path, data: Any, inputs: Inputs
         raise ScenarioError(path, [Problem(_line(data, ("workload", "arrival")), "workload.arrival",
                                            f"trace needs an `at` (seconds into the trace) on every line of {file}; "
                                            f"line(s) {shown} have none")])
+    embeds = [n for n, pl in loaded.lines if pl.prompt_embeds is not None]
+    if embeds and scenario.stack.ref != "attach" and not scenario.stack.engine.prompt_embeds:
+        raise ScenarioError(path, [Problem(_line(data, ("workload", "prompts_file")), "workload.prompts_file",
+                                           f"line(s) {', '.join(map(str, embeds[:10]))} of {file} give prompt_embeds, "
+                                           "which vLLM takes only with --enable-prompt-embeds: set "
+                                           "stack.engine.prompt_embeds: true")])
     if loaded.lines and all(pl.sampled for _, pl in loaded.lines):
         problems = _token_identity_checks(scenario, data, file, any(pl.answer is not None for _, pl in loaded.lines))
         if problems:

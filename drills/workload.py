@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from drills import seeds
+from drills.embeds import Embeds
 from drills.journal import Journal
 from drills.scenario import PoissonArrival, TraceArrival, WorkloadSpec, share_count
 from drills.sse_http import SsePool
@@ -55,6 +56,9 @@ class Prompt:
     at: float | None = None  # seconds into a recorded trace (workload.arrival: trace)
     production: str | None = None  # the answer production gave (a recorded trace's line): the production check
     sampled: bool = False  # its request keeps the line's own temperature > 0 (workload.sampling: lines)
+    # a prompts file's embeddings line: sent as /v1/completions' prompt_embeds (base64), token_ids are the
+    # placeholders vLLM gives such a request (one 0 per row), what a KV connector keys it by
+    embeds: Embeds | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -191,14 +195,15 @@ class EngineClient:
 
     async def complete(self, token_ids: list[int], max_tokens: int, timeout: float,
                        cache_salt: str | None = None, *, messages: tuple[dict[str, str], ...] | None = None,
-                       request: dict[str, Any] | None = None) -> Completion:
+                       request: dict[str, Any] | None = None, embeds: str | None = None) -> Completion:
         """One streamed greedy completion; raises TimeoutError past ``timeout`` for the whole request.
 
         ``cache_salt``: vLLM's per-request cache isolation key (the salted oracle sends a fresh one).
         ``messages``: a chat, sent to /v1/chat/completions (``token_ids`` are its rendering, not sent).
         ``request``: a prompts file line's pass-through fields (stop strings, logprobs, tools, ...), and under
         ``workload.sampling: lines`` its own temperature, top_p and seed (validation lets nothing else override
-        greedy)."""
+        greedy). ``embeds``: a prompt as embeddings (vLLM's prompt_embeds; ``token_ids`` are placeholders, not
+        sent)."""
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": 0, "seed": 0,
                                 **(request or {}), "return_token_ids": True, "stream": True,
                                 "stream_options": {"include_usage": True}}
@@ -207,12 +212,14 @@ class EngineClient:
         path = "/v1/completions"
         if messages is not None:
             path, body["messages"] = "/v1/chat/completions", list(messages)
+        elif embeds is not None:
+            body["prompt_embeds"] = embeds
         else:
             body["prompt"] = token_ids
         async with asyncio.timeout(timeout):
             start = time.perf_counter()
             if self.sse is not None:
-                payload = self._body(token_ids, body) if messages is None else json.dumps(body).encode()
+                payload = self._body(token_ids, body) if "prompt" in body else json.dumps(body).encode()
                 async with self.sse.post_lines(path, payload) as reply:
                     if reply.status >= 400:
                         reply.raise_for_status(await reply.read())
@@ -304,11 +311,16 @@ async def file_prompts(client: EngineClient, path: Path, seed: int, sampling: st
     prompts = []
     for i, (_, line) in enumerate(loaded.lines):
         messages = tuple(m.model_dump() for m in line.messages) if line.messages is not None else None
-        ids = (await client.tokenize_chat(list(messages), line.render) if messages is not None
-               else await client.tokenize(line.prompt or "", special_tokens=True))
+        embeds = line.embeds
+        if embeds is not None:
+            ids = [0] * embeds.rows  # vLLM's placeholder ids for an embeds prompt (drills/embeds.py)
+        elif messages is not None:
+            ids = await client.tokenize_chat(list(messages), line.render)
+        else:
+            ids = await client.tokenize(line.prompt or "", special_tokens=True)
         prompts.append(Prompt(id=i, token_ids=ids, group=0, max_tokens=line.max_tokens, messages=messages,
                               request=dict(line.request), expected=line.expected, text=line.prompt, at=line.at,
-                              production=line.answer, sampled=line.sampled))
+                              production=line.answer, sampled=line.sampled, embeds=embeds))
     source = {"path": str(loaded.path), "sha256": loaded.sha256, **loaded.kinds, "lines": [n for n, _ in loaded.lines]}
     return PromptSet(prompts=prompts, shared_prefix_tokens=_common_prefix([p.token_ids for p in prompts]), seed=seed,
                      source=source)
@@ -493,6 +505,8 @@ class _Sender:
         shape: dict[str, Any] = {}
         if prompt.messages is not None:
             shape["endpoint"] = "chat"
+        if prompt.embeds is not None:
+            shape["prompt_embeds"] = True
         if prompt.request:
             shape["request_fields"] = prompt.request
         journal.append("request", request_id=request_id, prompt_id=prompt.id, target=target, wave=wave,
@@ -506,6 +520,8 @@ class _Sender:
             shaped: dict[str, Any] = {"cache_salt": salt} if salt is not None else {}
             if prompt.messages is not None:
                 shaped["messages"] = prompt.messages
+            if prompt.embeds is not None:
+                shaped["embeds"] = prompt.embeds.b64
             if prompt.request:
                 shaped["request"] = prompt.request
             done = await self.client.complete(prompt.token_ids, prompt.max_tokens or spec.max_tokens,

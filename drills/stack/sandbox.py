@@ -269,6 +269,7 @@ class SandboxStack(ProcessStack):
             "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
             "shutdown_timeout": eng.shutdown_timeout,
             "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False else "--no-enable-prefix-caching",
+            "prompt_embeds_flag": "--enable-prompt-embeds" if eng.prompt_embeds else "--no-enable-prompt-embeds",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
             "l2_dir": self.l2_dir, "l2_serde": lm.l2_serde,
         }

@@ -32,9 +32,9 @@ def test_text_and_chat_lines_load_with_their_line_numbers_and_blank_lines_skippe
 
 
 @pytest.mark.parametrize(("line", "says"), [
-    ('{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "give exactly one of prompt (text) or messages"),
+    ('{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "give exactly one of prompt (text), messages (a chat) or prompt_embeds"),
     ('{"messages": [{"role": "bot", "content": "b"}]}', "messages.0.role: Input should be 'system', 'user' or 'assistant'"),
-    ('{"prompt": "a", "temperature": 0.7}', "temperature: unknown field; allowed: prompt, messages, max_tokens"),
+    ('{"prompt": "a", "temperature": 0.7}', "temperature: unknown field; allowed: prompt, messages, prompt_embeds, max_tokens"),
     ('{"prompt": "a"', "not a JSON object"),
     ('{"prompt": "a", "max_tokens": 0}', "max_tokens: Input should be greater than or equal to 1"),
 ])
