@@ -76,6 +76,7 @@ def check(view: RunView, opts: CorrectnessCheck) -> CheckResult:
     first = wrong[0]
     where = (f"first differing token at index {first['first_diff_token']} in {first['request_id']}"
              if "first_diff_token" in first else f"{first['request_id']} failed: {first.get('error')}")
+    also = f" ({sampled} sampled answers not compared)" if sampled else ""
     return CheckResult("correctness", "fail",
-                       f"{len(wrong)}/{checked} responses differ from the no-cache baseline; {where}",
+                       f"{len(wrong)}/{checked} responses differ from the no-cache baseline; {where}{also}",
                        evidence=wrong, details=details)

@@ -124,10 +124,11 @@ def test_a_drill_on_users_chat_and_text_prompts_fails_on_the_zeroed_chunk(tmp_pa
 
 
 USERS_PROMPTS = ["flagship/chat-hit-rate-is-not-correctness.yaml", "flagship/chat-hit-rate-is-not-correctness-aesgcm.yaml",
-                 "incidents/retro-on-call-trace.yaml", "evaluation/scorer-at-fault.yaml"]
+                 "incidents/retro-on-call-trace.yaml", "evaluation/scorer-at-fault.yaml",
+                 "flagship/chat-sampled-with-a-greedy-probe.yaml"]
 
 
-# in `make test-catalogue` (about 8 minutes): the catalogue's drills on users' prompts, as one suite
+# in `make test-catalogue` (about 9 minutes): the catalogue's drills on users' prompts, as one suite
 @pytest.mark.catalogue
 def test_the_catalogues_drills_on_users_prompts_reach_their_declared_verdicts():
     reports = ARTIFACTS / "users-prompts"
@@ -140,7 +141,7 @@ def test_the_catalogues_drills_on_users_prompts_reach_their_declared_verdicts():
             for line in (suite_dir / "journal.jsonl").read_text().splitlines() if '"suite.run"' in line}
     assert proc.returncode == 0 and set(runs) == set(USERS_PROMPTS), proc.stderr[-3000:]
     docs = {s: json.loads((d / "verdict.json").read_text()) for s, d in runs.items()}
-    assert [docs[s]["verdict"] for s in USERS_PROMPTS] == ["fail", "pass", "fail", "pass"]
+    assert [docs[s]["verdict"] for s in USERS_PROMPTS] == ["fail", "pass", "fail", "pass", "fail"]
     # the chats went to the chat endpoint
     chat = runs[USERS_PROMPTS[0]]
     assert {e["data"].get("endpoint") for e in _events(chat, "request")} == {"chat"}
@@ -161,3 +162,12 @@ def test_the_catalogues_drills_on_users_prompts_reach_their_declared_verdicts():
     score = {c["name"]: c for c in docs[USERS_PROMPTS[3]]["checks"]}["score"]
     zeros = score["details"]["zeros"]
     assert score["verdict"] == "pass" and zeros["cache"] == 0 and zeros["evaluation"] >= 8, score
+    # sampled chats and a greedy probe: the sampled lines went out at their own temperature and seed, and
+    # correctness judged the probe (line 4) alone, counting the sampled answers as not compared
+    sampled = runs[USERS_PROMPTS[4]]
+    sent = {e["data"]["prompt_id"]: e["data"].get("request_fields") or {} for e in _events(sampled, "request")
+            if e["phase"] == "chaos"}
+    assert {pid: f.get("temperature") for pid, f in sent.items()} == {0: 0.8, 1: 0.8, 2: 0.8, 3: None}, sent
+    correctness = {c["name"]: c for c in docs[USERS_PROMPTS[4]]["checks"]}["correctness"]
+    assert correctness["verdict"] == "fail" and {e["prompt_id"] for e in correctness["evidence"]} == {3}, correctness
+    assert correctness["details"]["sampled_not_compared"] >= 9, correctness["details"]

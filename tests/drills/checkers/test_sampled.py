@@ -59,6 +59,7 @@ def test_correctness_judges_the_greedy_line_only_and_counts_the_sampled_ones(tmp
     assert "(2 sampled answers not compared)" in ok.summary
     wrong = correctness(RunView.of(_journal(tmp_path / "b", greedy_chaos="0000")), CorrectnessCheck())
     assert wrong.verdict == "fail" and [e["prompt_id"] for e in wrong.evidence] == [GREEDY]
+    assert wrong.summary.endswith("(2 sampled answers not compared)")
 
 
 def test_only_sampled_answers_leave_correctness_and_recovery_nothing_to_judge_never_a_pass(tmp_path):
