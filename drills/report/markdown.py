@@ -72,6 +72,22 @@ def oracle_line(history: History) -> list[str]:
     return [f"- oracle: {ORACLE_WORDS.get(mode, mode)} ({e.data.get('why')})"]
 
 
+def rendered_line(history: History) -> list[str]:
+    """Chats whose server-rendered prompt was not what ``/tokenize`` gave kvdrill (drills/workload.py journals
+    ``rendered_differs`` on each such answer). Correctness compares answers, so it still holds; what may have
+    missed is anything aimed at prompt tokens: a chunk corrupted by prompt and chunk number, and the
+    hit-rate-by-prompt arithmetic."""
+    hits = [e for e in history.of_type("response") if e.data.get("rendered_differs")]
+    if not hits:
+        return []
+    prompts = sorted({e.data.get("prompt_id") for e in hits}, key=str)
+    return [f"- **prompt tokens differ from `/tokenize`**: {len(hits)} answers (prompts "
+            f"{', '.join(f'p{p}' for p in prompts[:10])}{' …' if len(prompts) > 10 else ''}) ran prompt tokens "
+            "other than the engine's `/tokenize` gave for the chat (the chat template rendered differently): "
+            "faults aimed at a prompt's chunks may have landed on other tokens; answers are still compared "
+            f"token by token (first: `{hits[0].ref}`)"]
+
+
 def _clip(text: str, width: int = 140) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -90,6 +106,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
             out.append(f"  - or (a measured alternative outcome) verdict `{alt['verdict']}`, failing "
                        f"{alt['failing_checks'] or '[]'}, passing {alt['passing_checks'] or '[]'}{mark}")
     out += oracle_line(history)
+    out += rendered_line(history)
     out += stopped_section(doc)
     out += effect_section(doc)
     out += ["", "## Checks", "", "| check | verdict | summary |", "|---|---|---|"]

@@ -9,8 +9,9 @@ import json
 import httpx
 import pytest
 
-from drills.journal import Journal
+from drills.journal import Journal, read_history
 from drills.prompts_file import PromptsFileError, load_prompts_file, prompt_count
+from drills.report.markdown import rendered_line
 from drills.scenario import ScenarioError, WorkloadSpec, load_scenario
 from drills.workload import EngineClient, file_prompts, send_wave
 
@@ -220,6 +221,16 @@ async def test_a_chat_the_server_rendered_otherwise_than_tokenize_says_so_on_eve
     [response] = [json.loads(x) for x in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()
                   if json.loads(x)["type"] == "response"]
     assert response["data"]["rendered_differs"] is True
+    # the report says it once, with the answer to look at: a chunk aimed by prompt may have missed
+    [line] = rendered_line(read_history(tmp_path / "run" / "journal.jsonl"))
+    assert "1 answers (prompts p0)" in line and f"journal.jsonl#{response['seq']}" in line
+
+
+def test_the_report_says_nothing_of_rendering_when_every_chat_ran_what_tokenize_gave(tmp_path):
+    journal = Journal(tmp_path / "run")
+    journal.append("response", request_id="r1", prompt_id=0, ok=True, token_ids=[1], text="a")
+    journal.close()
+    assert rendered_line(read_history(tmp_path / "run" / "journal.jsonl")) == []
 
 
 @pytest.mark.parametrize(("line", "says"), [
