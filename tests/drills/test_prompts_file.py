@@ -32,17 +32,26 @@ def test_text_and_chat_lines_load_with_their_line_numbers_and_blank_lines_skippe
     assert loaded.lines[1][1].max_tokens == 8 and len(loaded.sha256) == 64
 
 
-@pytest.mark.parametrize(("line", "says"), [
-    ('{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "give exactly one of prompt (text), messages (a chat) or prompt_embeds"),
-    ('{"messages": [{"role": "bot", "content": "b"}]}', "messages.0.role: Input should be 'system', 'user' or 'assistant'"),
-    ('{"prompt": "a", "temperature": 0.7}', "temperature: unknown field; allowed: prompt, messages, prompt_embeds, max_tokens"),
-    ('{"prompt": "a"', "not a JSON object"),
-    ('{"prompt": "a", "max_tokens": 0}', "max_tokens: Input should be greater than or equal to 1"),
+FINE_SAMPLED = '{"prompt": "fine", "request": {"temperature": 0.8, "top_p": 0.9, "seed": 3}}'
+
+
+# under `sampling: lines` a line's own sampling is checked, and n / best_of stay kvdrill's
+@pytest.mark.parametrize(("line", "says", "sampling"), [
+    ('{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}', "give exactly one of prompt (text), messages (a chat) or prompt_embeds", None),
+    ('{"messages": [{"role": "bot", "content": "b"}]}', "messages.0.role: Input should be 'system', 'user' or 'assistant'", None),
+    ('{"prompt": "a", "temperature": 0.7}', "temperature: unknown field; allowed: prompt, messages, prompt_embeds, max_tokens", None),
+    ('{"prompt": "a"', "not a JSON object", None),
+    ('{"prompt": "a", "max_tokens": 0}', "max_tokens: Input should be greater than or equal to 1", None),
+    ('{"prompt": "a", "request": {"temperature": 3}}', "request: temperature: 3 is outside 0..2", "lines"),
+    ('{"prompt": "a", "request": {"top_p": 0}}', "request: top_p: 0 is outside (0, 1]", "lines"),
+    ('{"prompt": "a", "request": {"seed": "x"}}', "request: seed: 'x' is not an integer", "lines"),
+    ('{"prompt": "a", "request": {"temperature": true}}', "request: temperature: True is not a number", "lines"),
+    ('{"prompt": "a", "request": {"best_of": 2}}', "request: best_of: not a line's to set", "lines"),
 ])
-def test_a_bad_line_is_reported_at_its_line_with_what_is_allowed(tmp_path, line, says):
-    path = _write(tmp_path, '{"prompt": "fine"}', line)
+def test_a_bad_line_is_reported_at_its_line_with_what_is_allowed(tmp_path, line, says, sampling):
+    path = _write(tmp_path, FINE_SAMPLED if sampling else '{"prompt": "fine"}', line)
     with pytest.raises(PromptsFileError) as exc:
-        load_prompts_file(path)
+        load_prompts_file(path, *([sampling] if sampling else []))
     assert f"{path}:2: {says}" in str(exc.value)
 
 
@@ -233,18 +242,6 @@ def test_the_report_says_nothing_of_rendering_when_every_chat_ran_what_tokenize_
     assert rendered_line(read_history(tmp_path / "run" / "journal.jsonl")) == []
 
 
-@pytest.mark.parametrize(("line", "says"), [
-    ('{"prompt": "a", "request": {"temperature": 3}}', "request: temperature: 3 is outside 0..2"),
-    ('{"prompt": "a", "request": {"top_p": 0}}', "request: top_p: 0 is outside (0, 1]"),
-    ('{"prompt": "a", "request": {"seed": "x"}}', "request: seed: 'x' is not an integer"),
-    ('{"prompt": "a", "request": {"temperature": true}}', "request: temperature: True is not a number"),
-    ('{"prompt": "a", "request": {"best_of": 2}}', "request: best_of: not a line's to set"),
-])
-def test_under_sampling_lines_a_lines_own_sampling_is_checked_and_n_stays_kvdrills(tmp_path, line, says):
-    path = _write(tmp_path, '{"prompt": "fine", "request": {"temperature": 0.8, "top_p": 0.9, "seed": 3}}', line)
-    with pytest.raises(PromptsFileError) as exc:
-        load_prompts_file(path, "lines")
-    assert f"{path}:2: {says}" in str(exc.value)
 
 
 def test_a_line_samples_only_above_temperature_zero_and_the_file_counts_them(tmp_path):
