@@ -81,7 +81,7 @@ def rendered_line(history: History) -> list[str]:
     if not hits:
         return []
     prompts = sorted({e.data.get("prompt_id") for e in hits}, key=str)
-    return [f"- **prompt tokens differ from `/tokenize`**: {len(hits)} answers (prompts "
+    return [f"- **prompt tokens differ from `/tokenize`**: {len(hits)} answer{'s' if len(hits) != 1 else ''} (prompts "
             f"{', '.join(f'p{p}' for p in prompts[:10])}{' …' if len(prompts) > 10 else ''}) ran prompt tokens "
             "other than the engine's `/tokenize` gave for the chat (the chat template rendered differently): "
             "faults aimed at a prompt's chunks may have landed on other tokens; answers are still compared "

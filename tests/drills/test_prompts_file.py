@@ -232,7 +232,7 @@ async def test_a_chat_the_server_rendered_otherwise_than_tokenize_says_so_on_eve
     assert response["data"]["rendered_differs"] is True
     # the report says it once, with the answer to look at: a chunk aimed by prompt may have missed
     [line] = rendered_line(read_history(tmp_path / "run" / "journal.jsonl"))
-    assert "1 answers (prompts p0)" in line and f"journal.jsonl#{response['seq']}" in line
+    assert "1 answer (prompts p0)" in line and f"journal.jsonl#{response['seq']}" in line
 
 
 def test_the_report_says_nothing_of_rendering_when_every_chat_ran_what_tokenize_gave(tmp_path):
@@ -240,8 +240,6 @@ def test_the_report_says_nothing_of_rendering_when_every_chat_ran_what_tokenize_
     journal.append("response", request_id="r1", prompt_id=0, ok=True, token_ids=[1], text="a")
     journal.close()
     assert rendered_line(read_history(tmp_path / "run" / "journal.jsonl")) == []
-
-
 
 
 def test_a_line_samples_only_above_temperature_zero_and_the_file_counts_them(tmp_path):
