@@ -60,6 +60,7 @@ class StackView:
     proxies: tuple[str, ...] = ()  # the proxies its Toxiproxy serves
     urls: dict[str, str] = field(default_factory=dict)  # its services' URLs, as far as known before it starts
     attached: bool = False  # a stack file's services, found running (not started)
+    runtime: str | None = None  # a stack file's runtime (attach: found running; processes, compose: started)
 
     @property
     def kind(self) -> type[StackKind]:
@@ -117,7 +118,7 @@ def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
     from drills.stack.stackfile import load_stack_file
 
     f = load_stack_file(sc.stack.file or "")
-    def program(s) -> str:
+    def program(n: str, s) -> str:
         if s.control is not None and s.control.host is not None:
             h = f.hosts[s.control.host]
             return f"attached by pid and command line on {h.user}@{h.address} over SSH: " + " ".join(
@@ -127,13 +128,18 @@ def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
                 Path(a).name if i == 0 else a for i, a in enumerate(s.control.cmdline[:3]))
         if s.container is not None:
             return f"attached container {s.container.describe} ({s.container.docker_host})"
+        if s.start is not None:
+            return "started by kvdrill: " + _program(list(s.start.argv))
+        if f.compose is not None:
+            return (f"compose service {f.compose_service(n)} of {Path(f.compose.files[0]).name}, brought up by kvdrill "
+                    "as a project of the run")
         return "attached by URL only"
 
-    services = {n: {"netns": False, "program": program(s)} for n, s in f.services.items()}
+    services = {n: {"netns": s.netns, "program": program(n, s)} for n, s in f.services.items()}
     tp = f.services.get("toxiproxy")
     return StackView(ref=sc.stack.ref, run_dir=reports_dir / RUN_ID, services=services, l2_dir=f.l2_dir, l2_fs=None,
                      netns=False, model_dir=model_dir(load_pins()), proxies=tuple(tp.proxies) if tp else (),
-                     urls={n: s.url for n, s in f.services.items()}, attached=True)
+                     urls={n: s.url for n, s in f.services.items()}, attached=True, runtime=f.runtime)
 
 
 def _program(argv: list[Any]) -> str:
@@ -172,6 +178,7 @@ def build_plan(loaded: LoadedScenario, allow_targets: tuple[str, ...] = (), repo
         "refusals": [r.as_dict() for r in refusals],
         "problems": problems,
         "stack": {"ref": view.ref, "run_dir": str(view.run_dir), "services": view.services, "urls": urls,
+                  "runtime": view.runtime,
                   "proxies": list(view.proxies), "kernel_links": list(view.kind.kernel_links),
                   "l2_dir": str(view.l2_dir) if view.l2_dir else None, "l2_fs": view.l2_fs,
                   "netns": view.kind.netns_plan,
@@ -379,8 +386,11 @@ def render(plan: dict[str, Any], console: Console) -> None:
     console.print(f"[bold]dry run[/] {escape(str(sc['name']))} ({escape(str(sc['path']))}), seed {sc['seed']}: nothing started, "
                   "nothing injected")
     console.print(f"stack [bold]{st['ref']}[/] in {escape(str(st['run_dir']))}; phases: {' → '.join(plan['phases'])}")
-    services = Table("service", "program", "in namespace", title="services the stack file declares (running; kvdrill starts none)" if st["ref"] == "attach"
-                     else "services the stack starts", title_justify="left")
+    title = {"attach": "services the stack file declares (running; kvdrill starts none)",
+             "processes": "services the stack file declares (kvdrill starts each for the run, and stops it after)",
+             "compose": "services the stack file declares (kvdrill brings its compose project up for the run, and "
+                        "takes it down after)"}.get(st.get("runtime") or "", "services the stack starts")
+    services = Table("service", "program", "in namespace", title=title, title_justify="left")
     for name, s in st["services"].items():
         services.add_row(escape(name), escape(s["program"]), "yes" if s["netns"] else "no")
     console.print(services)

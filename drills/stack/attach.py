@@ -16,6 +16,11 @@ The runtime (:class:`AttachRuntime`) is composed with the topology the stack fil
 server with vLLM engines on ``LMCacheMPConnector`` (:class:`AttachedStack`, the sandbox's shape), or vLLM
 with in-process LMCache on a Mooncake store (:class:`AttachedMooncakeStack`, the Mooncake sandbox's shape).
 What reads the cache is the topology's own code, pointed at the declared URLs and paths.
+
+A stack file may instead say kvdrill starts its services for the drill and stops them after: ``runtime:
+processes`` (each service's ``start`` command, with the process driver the built-in stacks use) or
+``runtime: compose`` (its compose files brought up as a project named after the run, with the container
+driver and :mod:`drills.stack.compose_project` the built-in container stacks use).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from drills.scenario import StackSpec
 from drills.shipped import COMPOSE
 from drills.stack import ssh
 from drills.stack.api import Capability
+from drills.stack.compose_project import ComposeProject, compose_services, compose_specs
 from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
 from drills.stack.mooncake import MooncakeStack, segments_by_service
 from drills.stack.process import (
@@ -633,8 +639,11 @@ class AttachRuntime:
     def _attach(self, spec: StackSpec) -> None:
         """What every attached stack holds, set after its topology class's constructor."""
         self.stack_path = spec.file or ""
+        # runtime compose: the project's container driver replaces the process driver once the project exists
         self.driver = (ProcessDriver(self.run_dir / "logs", self.journal) if self.started
                        else AttachDriver(self.run_dir / "logs", self.journal, self.stack_file))
+        self.compose_project = (ComposeProject.of(self.stack_file, self.run_dir, self.journal, self.run_dir / "logs")
+                                if self.stack_file.runtime == "compose" else None)
         self.served_model = self.stack_file.served_model
         self.with_baseline = "baseline" in self.stack_file.services
         self.ports: dict[str, int] = {}
@@ -646,8 +655,13 @@ class AttachRuntime:
 
     @property
     def started(self) -> bool:
-        """kvdrill starts (and stops) the services: the stack file's runtime is processes."""
-        return self.stack_file.runtime == "processes"
+        """kvdrill starts (and stops) the services: the stack file's runtime is processes or compose."""
+        return self.stack_file.runtime in ("processes", "compose")
+
+    def bind(self, journal: Journal, http: httpx.AsyncClient) -> None:
+        super().bind(journal, http)  # type: ignore[misc]
+        if self.compose_project is not None:
+            self.compose_project.journal = journal
 
     # --- what is known before anything is touched -----------------------------------------------------
 
@@ -667,7 +681,7 @@ class AttachRuntime:
     @classmethod
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
         f = load_stack_file(spec.file or "")
-        controlled = [n for n in f.services if f.controlled(n) or f.runtime == "processes"]
+        controlled = [n for n in f.services if f.controlled(n)]
         return {
             Capability.SIGNAL: None if controlled else
             "every service is attached by URL only; declare a `control:` (pid or pidfile, and cmdline) or a "
@@ -705,8 +719,8 @@ class AttachRuntime:
         svc = f.services.get(name)
         if svc is None:
             return [f"{where} has no service {name!r}; it declares: {', '.join(f.services)}"]
-        if f.runtime == "processes":
-            return []  # kvdrill started it, and starts it again after a fault by its start:
+        if f.runtime in ("processes", "compose"):
+            return []  # kvdrill started it, and starts it again after a fault (its start:, or docker start)
         action = {"stop": "freeze", "cont": "thaw"}.get(params.action, params.action)
         if not f.controlled(name):
             return [f"{where} cannot `{action}` service `{name}`: it is attached by URL only; declare a `control:` "
@@ -722,7 +736,9 @@ class AttachRuntime:
         """Nothing is laid out on the user's side: the journal records which stack file this run attached (or
         started: the process driver's specs are the file's start commands)."""
         self.run_dir.joinpath("stack").mkdir(parents=True, exist_ok=True)
-        if self.started:
+        if self.compose_project is not None:
+            self.specs = compose_specs(self.stack_file)
+        elif self.started:
             self.specs = service_specs(self.stack_file)
         else:
             self.specs = {name: ServiceSpec(name=name, argv=list(s.control.cmdline) if s.control else [], env={},
@@ -737,6 +753,11 @@ class AttachRuntime:
         (runtime processes: start every service in its order until it is healthy)."""
         if not self.specs:
             self.prepare()
+        if self.compose_project is not None:
+            assert self.stack_file.compose is not None
+            self.driver = await self.compose_project.create(
+                dict(self.stack_file.compose.env), {}, running_first=tuple(self.stack_file.compose.running_first),
+                compose_services=compose_services(self.stack_file))
         if self.started:
             await self.driver.start_all(self.specs, self.http, Path(self.stack_path))
             self._proxies = await self._read_proxies()
@@ -824,7 +845,12 @@ class AttachRuntime:
         every service kvdrill started."""
         self._close_store_probe()
         if self.started:
-            await self.driver.stop_all()
+            try:
+                await self.driver.stop_all()
+            finally:
+                if self.compose_project is not None:
+                    assert self.stack_file.compose is not None
+                    await self.compose_project.remove(dict(self.stack_file.compose.env))
             return
         self._stop_log_commands()
         try:

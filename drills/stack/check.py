@@ -50,11 +50,6 @@ async def _get(http: httpx.AsyncClient, url: str, headers: dict[str, str] | None
 
 
 async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ...] = ()) -> CheckResult:
-    from drills.stack import ssh
-    from drills.stack.attach import AttachRuntime, cmdline_of, find_container, read_pid, read_remote_pid
-    from drills.stack.process import StackError
-    from injectors.base import registry
-
     result = CheckResult(file=str(path))
     policy = IsolationPolicy(owned=Owned(), scenario_hosts=frozenset(stack.remote_hosts()),
                              flag_hosts=frozenset(allow_targets))
@@ -63,6 +58,57 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
             result.problems.append(refusal.render())
     if result.problems:
         return result  # an outside host is not contacted until the operator allows it
+    if stack.runtime != "attach":
+        _check_started(stack, result)
+    else:
+        await _check_running(stack, result)
+    l2 = stack.l2_dir
+    if l2 is not None and not l2.is_dir() and stack.runtime == "attach":
+        result.problems.append(f"lmcache: l2 path {l2} is not a directory on this host")
+    _oracle_and_faults(path, stack, result)
+    return result
+
+
+def _check_started(stack: StackFile, result: CheckResult) -> None:
+    """runtime processes or compose: nothing runs until a drill starts it, so nothing is contacted. A compose
+    stack's files must parse and declare every role's service (``docker-compose config``, which reads no
+    engine)."""
+    import os
+    import subprocess
+
+    services: set[str] | None = None
+    if stack.compose is not None:
+        files = [w for f in stack.compose.files for w in ("-f", f)]
+        profiles = [w for p in stack.compose.profiles for w in ("--profile", p)]
+        proc = subprocess.run(["docker-compose", *files, *profiles, "config", "--services"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "KVD_IMAGE": "kvdrill/sandbox",
+                                                          **stack.compose.env})
+        if proc.returncode != 0:
+            result.problems.append(f"compose: docker-compose config failed: {proc.stderr.strip()[-1500:]}")
+        else:
+            services = set(proc.stdout.split())
+    for name, svc in stack.services.items():
+        seen: dict[str, Any] = {"url": svc.url, "local": is_loopback(svc.host),
+                                "health": f"not running: kvdrill starts it for each drill (runtime {stack.runtime})"}
+        if stack.compose is not None:
+            want = stack.compose_service(name)
+            seen["control"] = f"compose service {want} of a project named after the run (docker start after a kill)"
+            if services is not None and want not in services:
+                result.problems.append(f"{name}: the compose files have no service {want!r} (they have "
+                                       f"{', '.join(sorted(services))})")
+        else:
+            seen["control"] = "start command (runtime processes)"
+        result.services[name] = seen
+    for name in (stack.compose.running_first if stack.compose is not None else []):
+        if services is not None and name not in services:
+            result.problems.append(f"compose.running_first: the compose files have no service {name!r}")
+
+
+async def _check_running(stack: StackFile, result: CheckResult) -> None:
+    from drills.stack import ssh
+    from drills.stack.attach import cmdline_of, find_container, read_pid, read_remote_pid
+    from drills.stack.process import StackError
+
     async with httpx.AsyncClient() as http:
         for name, svc in stack.services.items():
             seen: dict[str, Any] = {"url": svc.url, "local": is_loopback(svc.host)}
@@ -135,9 +181,12 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
             else:
                 seen["control"] = "URL only"
             result.services[name] = seen
-    l2 = stack.l2_dir
-    if l2 is not None and not l2.is_dir():
-        result.problems.append(f"lmcache: l2 path {l2} is not a directory on this host")
+
+
+def _oracle_and_faults(path: Path, stack: StackFile, result: CheckResult) -> None:
+    from drills.stack.attach import AttachRuntime
+    from injectors.base import registry
+
     if stack.topology == "lmcache-mooncake":
         result.oracle = {"mode": "baseline", "why": "LMCache in-process (LMCacheConnectorV1) ignores cache_salt "
                          "(defect D13), so only a cache-less baseline engine can judge the answers"}
@@ -165,7 +214,6 @@ async def check_stack(path: Path, stack: StackFile, allow_targets: tuple[str, ..
         for action in ("stop", "term", "kill", "restart"):
             why = AttachRuntime.fault_problems(spec, "process", params(service=name, action=action))
             result.faults[f"process {action} {name}"] = "yes" if not why else "no: " + why[0].split(": ", 1)[-1]
-    return result
 
 
 async def _master_view(http: httpx.AsyncClient, url: str) -> dict[str, Any] | str:

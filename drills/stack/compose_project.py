@@ -1,12 +1,14 @@
-"""One compose project on kvdrill's own Docker engine, for one stack directory: what every container stack
-shares (the LMCache-server sandbox and the Mooncake sandbox in containers).
+"""One compose project kvdrill brings up for one stack directory: what every ``runtime: compose`` stack file
+shares (the built-in LMCache-server and Mooncake sandboxes in containers, and a user's compose files).
 
-It gets a client on kvdrill's engine (:class:`~drills.stack.dockerd.OwnedEngine`: one left running by
-``kvdrill docker up`` or a test session is used and left running; otherwise it is started here and
-stopped at :meth:`ComposeProject.remove`), the locally built sandbox image, creates the project's
-containers, network and volumes with ``docker-compose up --no-start`` and hands a
-:class:`~drills.stack.containers.ContainerDriver` back; :meth:`ComposeProject.remove` takes all of it down
-again. Each step is journaled (``docker.*``) so that ``kvdrill rollback`` can find a crashed run's project.
+It gets a client on the engine: kvdrill's own (:class:`~drills.stack.dockerd.OwnedEngine`: one left running
+by ``kvdrill docker up`` or a test session is used and left running; otherwise it is started here and
+stopped at :meth:`ComposeProject.remove`), where it builds or finds the CPU sandbox image (``KVD_IMAGE``), or
+an engine on this host the stack file names. It creates the project's containers, network and volumes with
+``docker-compose up --no-start`` and hands a :class:`~drills.stack.containers.ContainerDriver` back;
+:meth:`ComposeProject.remove` takes all of it down again. The project's name is the run's own, so every
+container, network and volume with its label is kvdrill's. Each step is journaled (``docker.*``) so that
+``kvdrill rollback`` can find a crashed run's project.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from drills.pins import cache_home
 from drills.stack.containers import ContainerDriver, compose
 from drills.stack.dockerd import OwnedEngine
 from drills.stack.images import ImageError, sandbox_image
-from drills.stack.process import StackError
+from drills.stack.process import ServiceSpec, StackError
+from drills.stack.stackfile import StackFile
 
 
 def project_name(run_dir: Path) -> str:
@@ -43,9 +46,29 @@ def volume_dir(project: str, volume: str) -> Path:
     return engine_state_dir() / "root" / "volumes" / f"{project}_{volume}" / "_data"
 
 
+def compose_specs(stack: StackFile) -> dict[str, ServiceSpec]:
+    """What the container driver starts for a ``runtime: compose`` stack file: each role's health URL,
+    deadline and order (the containers themselves come from the compose files)."""
+    assert stack.compose is not None
+    source = Path(stack.compose.files[0]).name
+    return {role: ServiceSpec(name=role, argv=[f"compose:{source}#{stack.compose_service(role)}"], env={},
+                              health_url=stack.health_url(role),
+                              startup_deadline=float(svc.startup_deadline if svc.startup_deadline is not None else 300.0),
+                              depends_on=list(svc.depends_on), after_start=list(svc.after_start))
+            for role, svc in stack.services.items()}
+
+
+def compose_services(stack: StackFile) -> dict[str, str]:
+    """role -> compose service, where the stack file names another service than the role."""
+    return {role: stack.compose_service(role) for role in stack.services if stack.compose_service(role) != role}
+
+
 class ComposeProject:
-    def __init__(self, compose_file: Path, run_dir: Path, journal: Journal, log_dir: Path) -> None:
-        self.file = compose_file
+    def __init__(self, compose_file: Path | list[Path], run_dir: Path, journal: Journal, log_dir: Path,
+                 docker_host: str | None = None, profiles: tuple[str, ...] = ()) -> None:
+        self.files = [compose_file] if isinstance(compose_file, Path) else list(compose_file)
+        self.file = self.files[0]
+        self.profiles = tuple(profiles)
         self.name = project_name(run_dir)
         self.journal = journal
         self.log_dir = log_dir
@@ -53,12 +76,27 @@ class ComposeProject:
         self.engine_started_here = False
         self.client: docker.DockerClient | None = None
         self.image: str | None = None
+        self._docker_host = docker_host  # None: kvdrill's own engine
+
+    @classmethod
+    def of(cls, stack: StackFile, run_dir: Path, journal: Journal, log_dir: Path) -> ComposeProject:
+        """The project of a ``runtime: compose`` stack file."""
+        assert stack.compose is not None
+        return cls([Path(f) for f in stack.compose.files], run_dir, journal, log_dir,
+                   docker_host=stack.compose.docker_host, profiles=tuple(stack.compose.profiles))
+
+    @property
+    def owned_engine(self) -> bool:
+        return self._docker_host is None
 
     @property
     def docker_host(self) -> str:
-        return self.engine.base_url
+        return self._docker_host or self.engine.base_url
 
     def connect(self) -> docker.DockerClient:
+        if self.client is None and not self.owned_engine:
+            self.client = docker.DockerClient(base_url=self.docker_host, timeout=120)
+            self.client.ping()
         if self.client is None:
             if self.engine.running_pid() is not None:
                 self.client = self.engine.connect()
@@ -70,11 +108,12 @@ class ComposeProject:
         return self.client
 
     def compose(self, env: dict[str, str], *args: str) -> str:
-        return compose(self.name, self.file, {**env, "KVD_IMAGE": self.image or "none"}, *args,
-                       docker_host=self.docker_host)
+        image = {"KVD_IMAGE": self.image or "none"} if self.owned_engine else {}
+        return compose(self.name, self.files, {**env, **image}, *args, docker_host=self.docker_host,
+                       profiles=self.profiles)
 
-    async def create(self, env: dict[str, str], volumes: dict[str, Path], running_first: tuple[str, ...] = ()
-                     ) -> ContainerDriver:
+    async def create(self, env: dict[str, str], volumes: dict[str, Path], running_first: tuple[str, ...] = (),
+                     compose_services: dict[str, str] | None = None) -> ContainerDriver:
         """Build (or find) the image, create the project, and check that each named volume in ``volumes`` is
         at the host path kvdrill expects (the isolation rules and the chunk readers use that path).
 
@@ -83,12 +122,13 @@ class ComposeProject:
         v1 otherwise puts it on the default network with no more than a warning."""
         client = await asyncio.to_thread(self.connect)
         started = time.monotonic()
-        try:
-            self.image = await asyncio.to_thread(sandbox_image, client)
-        except ImageError as exc:
-            raise StackError(str(exc)) from exc
-        self.journal.append("docker.image", image=self.image, took_s=round(time.monotonic() - started, 1),
-                            id=client.images.get(self.image).id)
+        if self.owned_engine:  # the images a user's engine runs are the user's: nothing is built there
+            try:
+                self.image = await asyncio.to_thread(sandbox_image, client)
+            except ImageError as exc:
+                raise StackError(str(exc)) from exc
+            self.journal.append("docker.image", image=self.image, took_s=round(time.monotonic() - started, 1),
+                                id=client.images.get(self.image).id)
         if running_first:
             await asyncio.to_thread(self.compose, env, "up", "--detach", "--no-deps", *running_first)
         await asyncio.to_thread(self.compose, env, "up", "--no-start")
@@ -96,9 +136,10 @@ class ComposeProject:
             mountpoint = Path(client.volumes.get(f"{self.name}_{volume}").attrs["Mountpoint"])
             if mountpoint != expected:
                 raise StackError(f"the {volume} volume is at {mountpoint}, not {expected}: is DOCKER_HOST another engine?")
-        driver = ContainerDriver(self.log_dir, self.journal, client, self.name, self.docker_host)
+        driver = ContainerDriver(self.log_dir, self.journal, client, self.name, self.docker_host, compose_services)
         self.journal.append("docker.project_created", project=self.name, docker_host=self.docker_host,
-                            compose_file=self.file.name,
+                            compose_file=self.file.name, compose_files=[str(f) for f in self.files],
+                            profiles=list(self.profiles),
                             containers=sorted(c.name for c in driver.project_containers()),
                             network=driver.network_name(), volumes=[f"{self.name}_{v}" for v in volumes])
         return driver

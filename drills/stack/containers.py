@@ -171,19 +171,21 @@ class RunningContainer:
 
 class ContainerDriver(ServiceDriver):
     def __init__(self, log_dir: Path, journal: Journal, client: docker.DockerClient, project: str,
-                 docker_host: str) -> None:
+                 docker_host: str, compose_services: dict[str, str] | None = None) -> None:
         super().__init__(log_dir, journal)
         self.client = client
         self.project = project
         self.docker_host = docker_host
+        self.compose_services = compose_services or {}  # a stack file's role -> its compose service, where they differ
 
     # --- containers of the project -----------------------------------------------------------------
 
     def container(self, name: str) -> docker.models.containers.Container:
+        service = self.compose_services.get(name, name)
         found = self.client.containers.list(all=True, filters={"label": [f"{PROJECT_LABEL}={self.project}",
-                                                                          f"{SERVICE_LABEL}={name}"]})
+                                                                          f"{SERVICE_LABEL}={service}"]})
         if len(found) != 1:
-            raise StackError(f"compose project {self.project} has {len(found)} containers for service {name}, not 1")
+            raise StackError(f"compose project {self.project} has {len(found)} containers for service {service}, not 1")
         return found[0]
 
     def project_containers(self) -> list[docker.models.containers.Container]:
@@ -370,10 +372,12 @@ def _freezer_state(container_id: str) -> str | None:
         return None
 
 
-def compose(project: str, compose_file: Path, env: dict[str, str], *args: str, docker_host: str,
-            timeout: float = 600) -> str:
-    """Run ``docker-compose -p project -f compose_file ARGS`` against kvdrill's engine."""
-    proc = subprocess.run(["docker-compose", "-p", project, "-f", str(compose_file), *args],
+def compose(project: str, compose_file: Path | list[Path], env: dict[str, str], *args: str, docker_host: str,
+            profiles: tuple[str, ...] = (), timeout: float = 600) -> str:
+    """Run ``docker-compose -p project -f FILE... [--profile P...] ARGS`` against the engine ``docker_host``."""
+    files = [compose_file] if isinstance(compose_file, Path) else compose_file
+    options = [w for f in files for w in ("-f", str(f))] + [w for p in profiles for w in ("--profile", p)]
+    proc = subprocess.run(["docker-compose", "-p", project, *options, *args],
                           env={**os.environ, **env, "DOCKER_HOST": docker_host}, capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != 0:

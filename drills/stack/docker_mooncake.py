@@ -1,5 +1,6 @@
-"""The Mooncake sandbox in containers: ``compose/sandbox-docker/docker-compose.mooncake.yml`` on kvdrill's
-own Docker engine.
+"""The Mooncake sandbox in containers: ``compose/sandbox-docker/stack-mooncake.yaml`` (a stack file of the public
+format, runtime compose, over ``docker-compose.mooncake.yml`` beside it) rendered for one run, on kvdrill's own
+Docker engine.
 
 Same components, flags, LMCache config and links as the process stack
 (:class:`~drills.stack.mooncake.MooncakeStack`, whose store-facing calls this inherits: the master's
@@ -30,18 +31,22 @@ from ruamel.yaml import YAML
 from drills.journal import Journal
 from drills.pins import stack_venv
 from drills.shipped import COMPOSE, DATA_ROOT
-from drills.stack.compose_project import ComposeProject, ComposeStack
+from drills.stack.compose_project import ComposeProject, ComposeStack, compose_specs
 from drills.stack.containers import SERVICE_LABEL
 from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
 from drills.stack.netns import PREFIX, NetNamespace, inode_of
-from drills.stack.process import ServiceSpec, StackError
-from drills.stack.sandbox import SERVED_MODEL, free_port, toxiproxy_listen_hosts, write_toxiproxy_config
+from drills.stack.process import StackError
+from drills.stack.sandbox import (
+    SERVED_MODEL,
+    free_port,
+    render_stack_file,
+    toxiproxy_listen_hosts,
+    write_toxiproxy_config,
+)
 
-COMPOSE_FILE = COMPOSE / "sandbox-docker" / "docker-compose.mooncake.yml"
-POD = "pod"  # holds the namespace; not a service a drill sees or faults
-DEPENDS = {"store-a": ["mooncake-master"], "store-b": ["mooncake-master"],
-           "engine": ["mooncake-master", "store-a", "store-b", "toxiproxy"]}
-HEALTH_PATH = {"toxiproxy": "/version"}
+STACK_FILE = COMPOSE / "sandbox-docker" / "stack-mooncake.yaml"  # runtime compose: services, order, URLs
+COMPOSE_FILE = COMPOSE / "sandbox-docker" / "docker-compose.mooncake.yml"  # the containers (its compose.files)
+POD = "pod"  # holds the namespace (the stack file's running_first); not a service a drill sees or faults
 IN_POD = ("toxiproxy", "mooncake-master", "store-a", "store-b", "engine")
 PUBLISHED = ("engine", "master_metrics", "store_a_http", "store_b_http", "toxiproxy", "baseline")
 
@@ -86,34 +91,35 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
         self._token_file(self.config_dir)
         kv_transfer = self.kv_transfer_config()
         opts = self.options
-        self.env = {
-            "KVD_VENV": str(stack_venv()), "KVD_MODEL_DIR": str(self.model_dir), "KVD_MODELS_ROOT": str(self.model_dir.parent),
-            "KVD_SERVED_MODEL": SERVED_MODEL, "KVD_DTYPE": self.pins.dtype, "KVD_CONFIG_DIR": str(self.config_dir),
-            "KVD_TOXIPROXY_SEED": str(self.toxiproxy_seed),
-            "KVD_TOXIPROXY_LISTEN_HOSTS": toxiproxy_listen_hosts(self.proxies),
-            **{f"KVD_PORT_{k.upper()}": str(v) for k, v in self.host_ports.items()},
-            "KVD_CLIENT_TTL": str(opts.client_ttl), "KVD_SEGMENT_SIZE": opts.segment_size,
-            "KVD_KV_CACHE_SPACE_GB": str(opts.kv_cache_space_gb), "KVD_MAX_MODEL_LEN": str(opts.max_model_len),
-            "KVD_SHUTDOWN_TIMEOUT": str(opts.shutdown_timeout),
-            "KVD_PREFIX_CACHING_FLAG": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
-            "KVD_KV_TRANSFER_CONFIG": json.dumps(kv_transfer),
+        self._variables = {
+            "venv": stack_venv(), "model_dir": self.model_dir, "models_root": self.model_dir.parent,
+            "served_model": SERVED_MODEL, "dtype": self.pins.dtype, "config_dir": self.config_dir,
+            "toxiproxy_seed": self.toxiproxy_seed, "toxiproxy_token": self.toxiproxy_token_file,
+            "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
+            **{f"port_{k}": v for k, v in self.host_ports.items()},
+            "client_ttl": opts.client_ttl, "segment_size": opts.segment_size, "chunk_size": opts.chunk_size,
+            "kv_cache_space_gb": opts.kv_cache_space_gb, "max_model_len": opts.max_model_len,
+            "shutdown_timeout": opts.shutdown_timeout,
+            "prefix_caching_flag": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
+            "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{opts.startup_deadline}s",
         }
-        deadline = {"engine": opts.startup_deadline, "baseline": opts.startup_deadline}
-        self.specs = self._wanted({name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(DATA_ROOT)}#{name}"],
-                                        env={}, health_url=f"{self.url(name)}{HEALTH_PATH.get(name, '/health')}",
-                                        startup_deadline=float(deadline.get(name, 30.0)),
-                                        depends_on=DEPENDS.get(name, []))
-                      for name in ("toxiproxy", "mooncake-master", "store-a", "store-b", "engine", "baseline")})
+        self.stack_file = render_stack_file(STACK_FILE, self._variables)
+        assert self.stack_file.compose is not None
+        self.env = dict(self.stack_file.compose.env)
+        self.compose_project.files = [Path(f) for f in self.stack_file.compose.files]
+        self.specs = self._wanted(compose_specs(self.stack_file))
         self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,
                             host_ports=self.host_ports, toxiproxy_seed=self.toxiproxy_seed,
                             model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
                             lmcache_config=self.lmcache_config_doc(),
+                            built_in_stack_file=str(STACK_FILE.relative_to(DATA_ROOT)),
                             compose_file=str(COMPOSE_FILE.relative_to(DATA_ROOT)))
 
     async def up(self) -> None:
         if not self.specs:
             self.prepare()
-        self.driver = await self.compose_project.create(self.env, {}, running_first=(POD,))
+        assert self.stack_file.compose is not None
+        self.driver = await self.compose_project.create(self.env, {}, running_first=tuple(self.stack_file.compose.running_first))
         pod = await asyncio.to_thread(self._check_pod)
         await asyncio.to_thread(self._attach_netns, pod)
         await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)

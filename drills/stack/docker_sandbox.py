@@ -1,11 +1,13 @@
-"""The sandbox in containers: ``compose/sandbox-docker/docker-compose.yml`` on kvdrill's own Docker engine.
+"""The sandbox in containers: ``compose/sandbox-docker/stack.yaml`` (a stack file of the public format, runtime
+compose, over ``docker-compose.yml`` beside it) rendered for one run, on kvdrill's own Docker engine.
 
 Same components, flags and links as the local-process sandbox (:class:`~drills.stack.sandbox.SandboxStack`,
 whose LMCache-facing calls this inherits: chunk hashes, L2 files, status, clear, warm-up wait), so a
 scenario runs unchanged with ``stack.ref: sandbox-docker`` or ``kvdrill run --stack sandbox-docker``.
 What changes is underneath: services are containers of a compose project named after the run
 (:mod:`drills.stack.compose_project`), and process faults are container operations
-(:mod:`drills.stack.containers`).
+(:mod:`drills.stack.containers`). Which services there are, their URLs, order and deadlines, and the compose
+file's variables are the stack file's; this module computes the values of its placeholders.
 
 The L2 is a named volume (kvdrill reads its chunk files at the volume's mountpoint in its own engine's
 data root), or, when the scenario asks for ``lmcache.l2_fs``, the run's own filesystem bind-mounted into
@@ -31,30 +33,27 @@ from drills.journal import Journal
 from drills.pins import stack_venv
 from drills.scenario import StackSpec
 from drills.shipped import COMPOSE, DATA_ROOT
-from drills.stack.compose_project import ComposeProject, ComposeStack, volume_dir
+from drills.stack.compose_project import ComposeProject, ComposeStack, compose_specs, volume_dir
 from drills.stack.diskfs import RunFilesystem
-from drills.stack.process import ServiceSpec
 from drills.stack.sandbox import (
     SERVED_MODEL,
     SandboxStack,
     free_port,
     link_model,
     remove_served,
+    render_stack_file,
     served_dir,
     toxiproxy_listen_hosts,
     write_toxiproxy_config,
 )
 
-COMPOSE_FILE = COMPOSE / "sandbox-docker" / "docker-compose.yml"
+STACK_FILE = COMPOSE / "sandbox-docker" / "stack.yaml"  # runtime compose: the services, their order and URLs
+COMPOSE_FILE = COMPOSE / "sandbox-docker" / "docker-compose.yml"  # the containers (its compose.files)
 # ports inside the containers that kvdrill names (the compose file has them; compose publishes each on a
 # free 127.0.0.1 port of the host)
 LMCACHE_ZMQ, PROXY_LISTEN = 5555, 6555
 L2_IN_CONTAINER = "/var/lib/kvdrill/l2"
 CONFIG_IN_CONTAINER = "/config"
-DEPENDS = {"engine": ["toxiproxy"]}
-# the engine's container starts beside LMCache's (compose/sandbox/stack.yaml says why); its compose file
-# still lists both under depends_on, for a `docker-compose up` by hand
-AFTER_START = {"engine": ["lmcache"]}
 L2_VOLUME = "l2"
 
 
@@ -113,44 +112,40 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
         write_toxiproxy_config(config_dir, self.proxies)
         self._token_file(config_dir)
         self.served_model_dir = link_model(self.model_dir, served_dir(self.run_dir))
-        self.env = {
-            "KVD_VENV": str(stack_venv()), "KVD_SERVED_MODEL": SERVED_MODEL, "KVD_DTYPE": self.pins.dtype,
-            # the served directory's symlinks point into the model cache: both are bound at their host paths
-            "KVD_SERVED_MODEL_DIR": str(self.served_model_dir), "KVD_SERVED_ROOT": str(self.served_model_dir.parent),
-            "KVD_MODELS_ROOT": str(self.model_dir.parent),
-            "KVD_L2_SOURCE": str(self.l2_dir) if lm.l2_fs is not None else L2_VOLUME,
-            "KVD_CONFIG_DIR": str(config_dir), "KVD_TOXIPROXY_SEED": str(self.toxiproxy_seed),
-            "KVD_TOXIPROXY_LISTEN_HOSTS": toxiproxy_listen_hosts(self.proxies),
-            **{f"KVD_PORT_{k.upper()}": str(v) for k, v in self.ports.items()},
-            "KVD_L1_SIZE_GB": str(lm.l1_size_gb), "KVD_CHUNK_SIZE": str(lm.chunk_size),
-            "KVD_L1_READ_TTL": str(int(lm.l1_read_ttl)), "KVD_L1_WRITE_TTL": str(int(lm.l1_write_ttl)),
-            "KVD_WORKER_REAP_TIMEOUT": str(int(lm.worker_reap_timeout)),
-            "KVD_SUPPORTED_TRANSFER_MODE": "auto" if lm.transfer_mode == "engine_driven" else "lmcache_driven",
-            "KVD_L2_ADAPTER": json.dumps(adapter), "KVD_SHM_LEAK_FIX": "1" if lm.shm_leak_fix else "0",
-            "KVD_KV_CACHE_SPACE_GB": str(eng.kv_cache_space_gb), "KVD_MAX_MODEL_LEN": str(eng.max_model_len),
-            "KVD_SHUTDOWN_TIMEOUT": str(eng.shutdown_timeout),
-            "KVD_PREFIX_CACHING_FLAG": "--enable-prefix-caching" if eng.prefix_caching is not False
+        self._variables = {
+            "venv": stack_venv(), "served_model": SERVED_MODEL, "dtype": self.pins.dtype,
+            "served_model_dir": self.served_model_dir, "served_root": self.served_model_dir.parent,
+            "models_root": self.model_dir.parent, "config_dir": config_dir, "l2_dir": self.l2_dir,
+            "l2_source": self.l2_dir if lm.l2_fs is not None else L2_VOLUME, "l2_serde": lm.l2_serde,
+            "toxiproxy_seed": self.toxiproxy_seed, "toxiproxy_token": self.toxiproxy_token_file,
+            "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
+            **{f"port_{k}": v for k, v in self.ports.items()},
+            "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
+            "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
+            "supported_transfer_mode": "auto" if lm.transfer_mode == "engine_driven" else "lmcache_driven",
+            "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
+            "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
+            "shutdown_timeout": eng.shutdown_timeout,
+            "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False
             else "--no-enable-prefix-caching",
-            "KVD_KV_TRANSFER_CONFIG": json.dumps(kv_transfer),
+            "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
         }
-        self.specs = self._wanted(self._specs(eng.startup_deadline))
+        self._render()
         self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,
                             l2_dir=str(self.l2_dir), toxiproxy_seed=self.toxiproxy_seed, model_dir=str(self.model_dir),
                             served_model_dir=str(self.served_model_dir), l2_adapter=adapter,
-                            l2_source=self.env["KVD_L2_SOURCE"],
-                            kv_transfer_config=kv_transfer, compose_file=str(COMPOSE_FILE.relative_to(DATA_ROOT)))
+                            l2_source=self.env["KVD_L2_SOURCE"], kv_transfer_config=kv_transfer,
+                            built_in_stack_file=str(STACK_FILE.relative_to(DATA_ROOT)),
+                            compose_file=str(COMPOSE_FILE.relative_to(DATA_ROOT)))
 
-    def _specs(self, engine_deadline: float) -> dict[str, ServiceSpec]:
-        """What the driver needs per service: its health URL on the host, deadline and dependencies (the
-        containers themselves come from the compose file)."""
-        health = {"toxiproxy": f"{self.url('toxiproxy')}/version", "lmcache": f"{self.url('lmcache')}/healthcheck",
-                  "engine": f"{self.url('engine')}/health", "baseline": f"{self.url('baseline')}/health"}
-        deadline = {"toxiproxy": 30.0, "lmcache": 120.0, "engine": float(engine_deadline),
-                    "baseline": float(engine_deadline)}
-        return {name: ServiceSpec(name=name, argv=[f"compose:{COMPOSE_FILE.relative_to(DATA_ROOT)}#{name}"], env={},
-                                  health_url=health[name], startup_deadline=deadline[name],
-                                  depends_on=DEPENDS.get(name, []), after_start=AFTER_START.get(name, []))
-                for name in ("toxiproxy", "lmcache", "engine", "baseline")}
+    def _render(self) -> None:
+        """The built-in stack file for this run's variables: the compose file's environment and, per service,
+        its health URL, deadline and order."""
+        self.stack_file = render_stack_file(STACK_FILE, self._variables)
+        assert self.stack_file.compose is not None
+        self.env = dict(self.stack_file.compose.env)
+        self.compose_project.files = [Path(f) for f in self.stack_file.compose.files]
+        self.specs = self._wanted(compose_specs(self.stack_file))
 
     async def up(self) -> None:
         if not self.specs:
@@ -172,7 +167,8 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
     def serve_model_from(self, path: Path) -> None:
         """Engine and baseline serve ``path`` from their next start: their containers are created again
         with the new ``--model`` (a container's command is fixed when it is created)."""
-        self.env["KVD_SERVED_MODEL_DIR"] = str(path)
+        self._variables["served_model_dir"] = path
+        self._render()
         self._recreate |= {"engine", "baseline"}
 
     async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
@@ -196,14 +192,10 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
                  "enabled": True}]
 
     def host_address(self, address: str) -> str:
-        """Where the host reaches a container-side address the stack publishes (the proxy's listen
-        address, LMCache's ZMQ port), so the network injector measures a link as it does on processes."""
-        host, _, port = address.rpartition(":")
-        if host in ("0.0.0.0", "[::]", "", "toxiproxy") and port == str(PROXY_LISTEN):  # the proxy listens on all
-            return f"127.0.0.1:{self.ports['lmcache_proxy']}"
-        if host == "lmcache" and port == str(LMCACHE_ZMQ):
-            return f"127.0.0.1:{self.ports['lmcache_zmq']}"
-        return address
+        """Where the host reaches a container-side address the stack publishes (the proxy's listen address,
+        LMCache's ZMQ port: the stack file's host_addresses), so the network injector measures a link as it
+        does on processes."""
+        return self.stack_file.services["toxiproxy"].reach(address)
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), **self.compose_project.state()}

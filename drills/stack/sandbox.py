@@ -36,7 +36,7 @@ from drills.stack.base import SERVED_MODEL, TOXIPROXY_TOKEN, ProcessStack
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
-from drills.stack.stackfile import StackFile
+from drills.stack.stackfile import StackFile, resolved_against
 from drills.triggers import StoreProbe
 
 COMPOSE_FILE = COMPOSE / "sandbox" / "stack.yaml"
@@ -52,7 +52,7 @@ def free_port() -> int:
 
 
 def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
-    """A built-in stack file (the public format, runtime processes) with its {placeholders} filled for one run,
+    """A built-in stack file (the public format, runtime processes or compose) with its {placeholders} filled for one run,
     then validated as any stack file is. An argv word that renders empty is left out."""
     doc = YAML(typ="safe", pure=True).load(read_text_limited(path, MAX_COMPOSE_FILE_BYTES, "stack file"))
 
@@ -66,7 +66,8 @@ def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
         return value
 
     try:
-        return StackFile.model_validate(fill(doc))
+        # relative compose files are relative to the stack file, as when a user's file is loaded
+        return resolved_against(StackFile.model_validate(fill(doc)), path.parent)
     except ValidationError as exc:  # a kvdrill bug (its own file and variables), said with the fields
         raise StackError(f"{path}, rendered for this run, is not a valid stack file: {exc}") from exc
 

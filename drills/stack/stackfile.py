@@ -224,6 +224,35 @@ def _docker_host_from_env() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
 
+class ComposeSpec(_Strict):
+    """runtime compose: a compose project kvdrill brings up for the run from these files (``docker-compose -p
+    <a name of the run> -f FILE... up --no-start``), starts container by container in the services' order,
+    drives through the Docker engine, and takes down (``down --volumes``) after the drill. The project's
+    name is the run's own, so everything it creates is kvdrill's to signal, stop and remove."""
+
+    files: list[str] = Field(min_length=1, description=(
+        "the compose file, then any override files, as `docker-compose -f` takes them in order (relative paths: "
+        "to the stack file)"))
+    profiles: list[str] = Field(default_factory=list, description="compose profiles to enable (--profile)")
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "variables the compose files read (${NAME}), added to kvdrill's environment; on kvdrill's own engine "
+        "KVD_IMAGE is set to its CPU sandbox image, built there if missing"))
+    docker_host: str | None = Field(None, description=(
+        "the engine the project runs on: omitted, kvdrill's own engine (started for the run unless `kvdrill "
+        "docker up` left one running); or unix:///path, an engine on this host"))
+    running_first: list[str] = Field(default_factory=list, description=(
+        "compose services that are no role (a `pod` holding a network namespace others join with network_mode: "
+        "service:pod): started before the others are created, removed with the project"))
+
+    @field_validator("docker_host")
+    @classmethod
+    def _local(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("unix:///"):
+            raise ValueError("expected unix:///path (an engine on this host); a project on another machine is brought "
+                             "up there and attached (runtime attach, container: with its docker_host)")
+        return v
+
+
 class L2Spec(_Strict):
     adapter: Literal["fs"] = Field("fs", description="the LMCache MP server's L2 adapter (fs: one file per chunk)")
     path: str = Field(description="the adapter's base_path on this host (a relative path is relative to the stack "
@@ -248,15 +277,20 @@ class Service(_Strict):
                                                              "(and no container:): reached by URL only")
     container: ContainerControl | None = Field(None, description="or: a container kvdrill may signal and start "
                                                                  "again through its Docker engine")
+    # runtime compose (kvdrill brings the compose project up, and takes it down after the drill)
+    compose_service: str | None = Field(None, description="runtime compose: the compose service that is this "
+                                                          "role (default: the role's name)")
+    startup_deadline: Duration | None = Field(None, description="runtime compose: how long its container may take "
+                                                                "to answer its health URL (default 300 s)")
     # runtime: processes (kvdrill starts every service, and stops it after the drill)
     start: StartSpec | None = Field(None, description="runtime processes: how kvdrill starts it (its own session, "
                                                       "tagged with the run, in the run's logs/ directory, its "
                                                       "output into logs/<service>.log), and starts it again after "
                                                       "a fault")
-    depends_on: list[str] = Field(default_factory=list, description="runtime processes: started once these answer "
-                                                                    "their health URL")
+    depends_on: list[str] = Field(default_factory=list, description="runtime processes and compose: started once "
+                                                                    "these answer their health URL")
     after_start: list[str] = Field(default_factory=list, description=(
-        "runtime processes: started once these were started, without waiting for their health (a vLLM engine "
+        "runtime processes and compose: started once these were started, without waiting for their health (a vLLM engine "
         "imports for 10-20 s before it first talks to its cache server)"))
     stop: Literal["group", "leader"] = Field("group", description=(
         "runtime processes: how it is stopped: its whole process group at once, or its leader alone first (a "
@@ -308,10 +342,13 @@ class StackFile(_Strict):
         "lmcache-mp", description="the KV shape: lmcache-mp (vLLM with LMCacheMPConnector and an LMCache MP "
                                   "server, with an fs L2) or lmcache-mooncake (vLLM with LMCache in-process, "
                                   "LMCacheConnectorV1, its remote tier a Mooncake master and contributors)")
-    runtime: Literal["attach", "processes"] = Field(
+    runtime: Literal["attach", "processes", "compose"] = Field(
         "attach", description="attach: the services run already, kvdrill finds them (by URL, pid or container) and "
                               "leaves them as it found them; processes: kvdrill starts every service by its "
-                              "start: on this host for the drill, and stops it after")
+                              "start: on this host for the drill, and stops it after; compose: kvdrill brings up "
+                              "the compose project of compose: for the drill, and takes it down after")
+    compose: ComposeSpec | None = Field(None, description="runtime compose: the compose files, their variables and "
+                                                          "the engine")
     served_model: str = Field(description="the model name the engine serves (its --served-model-name)")
     model_path: str | None = Field(None, description="the engine's model directory on this host (its weights' "
                                                      "digest goes into the versions manifest)")
@@ -397,28 +434,48 @@ class StackFile(_Strict):
             raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has {what[self.topology]}")
 
     def _check_runtime(self) -> None:
-        started_fields = ("start", "depends_on", "after_start", "stop", "netns")
+        started = self.runtime in ("processes", "compose")
         for role, svc in self.services.items():
             if self.runtime == "processes":
-                if svc.start is None:
-                    raise ValueError(f"services.{role}.start: runtime processes starts every service; give its argv")
-                if svc.control is not None or svc.container is not None:
-                    raise ValueError(f"services.{role}: runtime processes starts the service itself; control: and "
-                                     "container: belong to runtime attach")
-                if svc.start.cwd is not None or svc.start.log is not None or svc.log or svc.log_command:
-                    raise ValueError(f"services.{role}: runtime processes runs the service in the run's logs/ "
-                                     "directory, its output into logs/<service>.log; leave start.cwd, start.log, "
-                                     "log and log_command out")
+                self._check_process_service(role, svc)
+            elif self.runtime == "compose":
+                self._check_compose_service(role, svc)
+            elif given := [k for k in ("start", "depends_on", "after_start", "stop", "netns", "compose_service",
+                                       "startup_deadline") if k in svc.model_fields_set]:
+                raise ValueError(f"services.{role}: {', '.join(given)} belong to runtime processes or compose (kvdrill "
+                                 "starts the service); an attached service is started again by control.start")
+            if started:
                 unknown = [d for d in (*svc.depends_on, *svc.after_start) if d not in self.services]
                 if unknown:
                     raise ValueError(f"services.{role}: depends_on/after_start name {', '.join(unknown)}, which the "
                                      f"file does not declare ({', '.join(self.services)})")
-            elif given := [k for k in started_fields if k in svc.model_fields_set]:
-                raise ValueError(f"services.{role}: {', '.join(given)} belong to runtime processes (kvdrill starts "
-                                 "the service); an attached service is started again by control.start")
-        if self.runtime == "processes" and self.hosts:
-            raise ValueError("hosts: runtime processes starts its services on this host; another machine's services "
-                             "are attached (runtime attach, control.host)")
+        if started and self.hosts:
+            raise ValueError(f"hosts: runtime {self.runtime} starts its services on this host; another machine's "
+                             "services are attached (runtime attach, control.host)")
+        if (self.runtime == "compose") != (self.compose is not None):
+            raise ValueError("compose: runtime compose needs it (the compose files kvdrill brings up), and only it"
+                             if self.compose is None else
+                             f"compose: belongs to runtime compose (this file's runtime is {self.runtime})")
+
+    def _check_process_service(self, role: str, svc: Service) -> None:
+        if svc.start is None:
+            raise ValueError(f"services.{role}.start: runtime processes starts every service; give its argv")
+        if svc.control is not None or svc.container is not None:
+            raise ValueError(f"services.{role}: runtime processes starts the service itself; control: and "
+                             "container: belong to runtime attach")
+        if svc.start.cwd is not None or svc.start.log is not None or svc.log or svc.log_command:
+            raise ValueError(f"services.{role}: runtime processes runs the service in the run's logs/ "
+                             "directory, its output into logs/<service>.log; leave start.cwd, start.log, "
+                             "log and log_command out")
+        if given := [k for k in ("compose_service", "startup_deadline") if k in svc.model_fields_set]:
+            raise ValueError(f"services.{role}: {', '.join(given)} belong to runtime compose (a process's deadline is "
+                             "start.startup_deadline)")
+
+    def _check_compose_service(self, role: str, svc: Service) -> None:
+        if given := [k for k in ("start", "control", "container", "log", "log_command", "stop", "netns")
+                     if k in svc.model_fields_set]:
+            raise ValueError(f"services.{role}: runtime compose finds each service's container in the project it "
+                             f"brings up (compose_service:) and follows its `docker logs`; leave {', '.join(given)} out")
 
     @property
     def contributors(self) -> list[str]:
@@ -443,8 +500,14 @@ class StackFile(_Strict):
         return svc.url + (svc.health or HEALTH.get(role, "/health"))
 
     def controlled(self, role: str) -> bool:
+        """kvdrill may signal it: a declared pid or container, or a service it starts itself."""
         svc = self.services.get(role)
-        return svc is not None and (svc.control is not None or svc.container is not None)
+        return svc is not None and (svc.control is not None or svc.container is not None
+                                    or self.runtime in ("processes", "compose"))
+
+    def compose_service(self, role: str) -> str:
+        """runtime compose: the compose service that is ``role``."""
+        return self.services[role].compose_service or role
 
     def restartable(self, role: str) -> bool:
         """A fault that leaves it down can be healed: a container (``docker start``) or a declared start."""
@@ -523,13 +586,17 @@ def load_stack_file(path: Path | str) -> StackFile:
     except ValidationError as exc:
         raise StackFileError(path, sorted((_problem(e, document.tree, (), StackFile) for e in exc.errors()),
                                           key=lambda p: (p.line or 0, p.key))) from exc
-    return _relative_to(stack, path.absolute().parent)
+    return resolved_against(stack, path.absolute().parent)
 
 
-def _relative_to(stack: StackFile, base: Path) -> StackFile:
+def resolved_against(stack: StackFile, base: Path) -> StackFile:
     """Relative L2 and token paths resolved against the stack file's directory (compose/gpu/stack.yaml's
     ``./l2`` is the compose file's ``./l2`` bind mount), so every later reader sees one absolute path."""
     services = dict(stack.services)
+    update_stack: dict[str, Any] = {"services": services}
+    if stack.compose is not None:
+        update_stack["compose"] = stack.compose.model_copy(update={"files": [
+            f if Path(f).is_absolute() else os.path.normpath(base / f) for f in stack.compose.files]})
     for role, svc in stack.services.items():
         update: dict[str, Any] = {}
         if svc.l2 is not None and not Path(svc.l2.path).is_absolute():
@@ -538,7 +605,7 @@ def _relative_to(stack: StackFile, base: Path) -> StackFile:
             update["token_file"] = os.path.normpath(base / svc.token_file)
         if update:
             services[role] = svc.model_copy(update=update)
-    return stack.model_copy(update={"services": services})
+    return stack.model_copy(update=update_stack)
 
 
 def json_schema() -> dict[str, Any]:

@@ -121,6 +121,7 @@ def test_project_names_are_short_lowercase_and_per_directory(tmp_path):
 
 
 def test_container_addresses_map_to_the_ports_published_on_loopback(stack):
+    stack.prepare()  # the stack file's host_addresses, rendered for the run's ports
     assert stack.host_address("[::]:6555") == f"127.0.0.1:{stack.ports['lmcache_proxy']}"
     assert stack.host_address("0.0.0.0:6555") == f"127.0.0.1:{stack.ports['lmcache_proxy']}"
     assert stack.host_address("lmcache:5555") == f"127.0.0.1:{stack.ports['lmcache_zmq']}"

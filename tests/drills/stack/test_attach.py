@@ -252,3 +252,25 @@ def test_the_dry_run_of_a_contributor_kill_on_an_attached_mooncake_stack_names_i
     assert target["service"].startswith("store-a or store-b: whichever segment")
     assert target["master_metrics_url"] == "http://127.0.0.1:9003/metrics"
     assert plan["oracle"]["mode"] == "baseline"
+
+
+def test_the_dry_run_of_a_compose_runtime_stack_file_says_kvdrill_brings_the_project_up_and_allows_a_kill(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from drills.dryrun import build_plan, render
+    from drills.scenario import parse_scenario
+
+    (tmp_path / "docker-compose.yml").write_text("services: {vllm: {image: x}, lmcache: {image: x}}\n")
+    path = _file(tmp_path, "name: c\nserved_model: m\nruntime: compose\ncompose: {files: [docker-compose.yml]}\n"
+                           "services:\n  engine: {url: 'http://127.0.0.1:8000', compose_service: vllm}\n"
+                           "  lmcache: {url: 'http://127.0.0.1:8080'}\n")
+    text = (f"name: s\nseed: 1\nstack: {{ref: attach, file: {path}}}\nworkload: {{prompts: 2}}\nchaos:\n  faults:\n"
+            "    - {injector: process, params: {service: engine, action: kill}}\n")
+    plan = build_plan(parse_scenario(text, tmp_path / "s.yaml"))
+    assert plan["stack"]["runtime"] == "compose" and not plan["problems"]
+    assert plan["stack"]["services"]["engine"]["program"].startswith("compose service vllm of docker-compose.yml")
+    out = io.StringIO()
+    render(plan, Console(file=out, width=200))
+    assert "kvdrill brings its compose project up for the run, and takes it down after" in out.getvalue()
