@@ -978,21 +978,29 @@ class AttachedMooncakeStack(AttachRuntime, MooncakeStack):
 
     async def contributor_segments(self) -> dict[str, dict[str, Any]]:
         """Each running contributor's segment as the master reports it, named by service: matched by the ports
-        its processes listen on, read on the machine it runs on (``ss -Htlnp``, over SSH for another host)."""
+        its processes listen on, read on the machine it runs on (``ss -Htlnp``, over SSH for another host) and,
+        on this host, in the network namespace it runs in (a container's, e.g. a compose project's shared
+        `pod`: its listeners are not in this host's ``ss``)."""
         from drills.stack.kernelnet import parse_ss_listeners
 
         listeners: list[dict[str, Any]] = []
         owners: dict[str, set[int]] = {}
-        hosts: set[Any] = set()
+        places: dict[tuple[Any, str | None], int] = {}  # (SSH host, network namespace here) -> a pid in it
         for name in self.contributor_names:
             svc = self.driver.services.get(name)
             if svc is None:
                 continue
             owners[name] = svc.group()
-            hosts.add(self.stack_file.ssh_host(name))
-        for host in hosts:
+            host = self.stack_file.ssh_host(name)
+            here = host is None and not isinstance(svc, ApiContainer)  # a tcp:// engine's pids are not this host's
+            places.setdefault((host, _netns_of(svc.pid) if here else None), svc.pid)
+        for (host, netns), pid in places.items():
             if host is None:
-                out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, timeout=10).stdout
+                argv = ["ss", "-Htlnp"] if netns is None else ["nsenter", f"--net=/proc/{pid}/ns/net", "ss", "-Htlnp"]
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+                if proc.returncode != 0:
+                    raise StackError(f"cannot list the listeners in {netns} ({' '.join(argv)}): {proc.stderr.strip()}")
+                out = proc.stdout
             else:
                 try:
                     _, raw, _ = await asyncio.to_thread(ssh.run, host, "ss -Htlnp")
@@ -1001,6 +1009,16 @@ class AttachedMooncakeStack(AttachRuntime, MooncakeStack):
                 out = raw.decode(errors="replace")
             listeners += parse_ss_listeners(out)
         return segments_by_service(await self.segments(), listeners, owners)
+
+
+def _netns_of(pid: int | None) -> str | None:
+    """The network namespace a process on this host runs in (``net:[inode]``), or None when it is this
+    process's own (or cannot be read: then this host's ``ss`` is the best view)."""
+    try:
+        theirs = os.readlink(f"/proc/{pid}/ns/net")
+        return None if theirs == os.readlink("/proc/self/ns/net") else theirs
+    except OSError:
+        return None
 
 
 TOPOLOGIES: dict[str, type[AttachRuntime]] = {"lmcache-mp": AttachedStack, "lmcache-mooncake": AttachedMooncakeStack}
