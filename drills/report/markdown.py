@@ -80,7 +80,8 @@ def rendered_line(history: History) -> list[str]:
     hits = [e for e in history.of_type("response") if e.data.get("rendered_differs")]
     if not hits:
         return []
-    prompts = sorted({e.data.get("prompt_id") for e in hits}, key=str)
+    # numerically where ids are numbers (p2 before p10), by text for any other id
+    prompts = sorted({e.data.get("prompt_id") for e in hits}, key=lambda p: (not isinstance(p, int), p if isinstance(p, int) else 0, str(p)))
     return [f"- **prompt tokens differ from `/tokenize`**: {len(hits)} answer{'s' if len(hits) != 1 else ''} (prompts "
             f"{', '.join(f'p{p}' for p in prompts[:10])}{' …' if len(prompts) > 10 else ''}) ran prompt tokens "
             "other than the engine's `/tokenize` gave for the chat (the chat template rendered differently): "

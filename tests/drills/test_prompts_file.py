@@ -242,6 +242,16 @@ def test_the_report_says_nothing_of_rendering_when_every_chat_ran_what_tokenize_
     assert rendered_line(read_history(tmp_path / "run" / "journal.jsonl")) == []
 
 
+def test_the_report_lists_differently_rendered_prompts_in_number_order(tmp_path):
+    journal = Journal(tmp_path / "run")
+    for pid in (10, 2, 1):
+        journal.append("response", request_id=f"r{pid}", prompt_id=pid, ok=True, token_ids=[1], text="a",
+                       rendered_differs=True)
+    journal.close()
+    [line] = rendered_line(read_history(tmp_path / "run" / "journal.jsonl"))
+    assert "3 answers (prompts p1, p2, p10)" in line
+
+
 def test_a_line_samples_only_above_temperature_zero_and_the_file_counts_them(tmp_path):
     path = _write(tmp_path, '{"prompt": "a", "request": {"temperature": 0.8, "seed": 3}}',
                   '{"prompt": "b", "request": {"temperature": 0, "top_p": 0.5}}', '{"prompt": "c"}')
