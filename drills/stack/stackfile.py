@@ -1,6 +1,8 @@
-"""The stack file a user writes to drill a stack kvdrill did not start (``--stack my-stack.yaml`` or
-``stack: {file: my-stack.yaml}`` in a scenario): which services it has, how each is reached, where its
-logs and L2 are, and how kvdrill may control it.
+"""The stack file a user writes to drill a stack they run (``--stack my-stack.yaml`` or ``stack: {file:
+my-stack.yaml}`` in a scenario): which services it has, how each is reached, where its logs and L2 are, and
+how kvdrill may control it. Its ``runtime`` says who runs the services: ``attach``, the user (kvdrill finds
+them and leaves them as found); ``processes``, kvdrill from each service's command line; ``compose``, kvdrill
+from the user's compose files, as a project of the run.
 
 The file is also the isolation declaration for that stack: a process, path, proxy or host a fault
 touches must be one this file declares (``drills/isolation.py`` gets them from :meth:`StackFile.owned`).
@@ -590,8 +592,9 @@ def load_stack_file(path: Path | str) -> StackFile:
 
 
 def resolved_against(stack: StackFile, base: Path) -> StackFile:
-    """Relative L2 and token paths resolved against the stack file's directory (compose/gpu/stack.yaml's
-    ``./l2`` is the compose file's ``./l2`` bind mount), so every later reader sees one absolute path."""
+    """Relative L2, token and compose-file paths resolved against the stack file's directory
+    (compose/gpu/stack.yaml's ``./l2`` is the compose file's ``./l2`` bind mount), so every later reader sees
+    one absolute path."""
     services = dict(stack.services)
     update_stack: dict[str, Any] = {"services": services}
     if stack.compose is not None:

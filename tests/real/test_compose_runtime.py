@@ -19,7 +19,9 @@ import pytest
 from ruamel.yaml import YAML
 
 from drills.pins import load_pins, model_dir, stack_venv
+from drills.stack.compose_project import engine_state_dir
 from drills.stack.containers import PROJECT_LABEL
+from drills.stack.dockerd import OwnedEngine
 from drills.stack.images import sandbox_image
 from drills.stack.sandbox import free_port
 
@@ -35,7 +37,7 @@ pytestmark = [pytest.mark.real, pytest.mark.catalogue]
 COMPOSE = Path(__file__).with_name("user_stack") / "docker-compose.yml"
 
 
-def _stack_file(d: Path, image: str) -> Path:
+def _stack_file(d: Path, image: str, docker_host: str) -> Path:
     """The user's stack file: the compose file, the variables it reads, and per service its URL and order."""
     (d / "l2").mkdir()
     (d / "config").mkdir()
@@ -53,7 +55,11 @@ def _stack_file(d: Path, image: str) -> Path:
            "DTYPE": load_pins().dtype, "VENV": str(stack_venv()), "KV_CONFIG": json.dumps(kv),
            **{k: str(v) for k, v in ports.items()}}
     stack = {"version": 1, "name": "user-compose-runtime", "runtime": "compose", "served_model": SERVED,
-             "model_path": env["MODEL"], "compose": {"files": [str(COMPOSE)], "env": env},
+             "model_path": env["MODEL"],
+             # the engine named as a user names theirs (a socket on this host): kvdrill builds nothing there and
+             # reads the image from the compose file's own variable; the built-in container stacks take the
+             # other path (kvdrill's engine by default, KVD_IMAGE)
+             "compose": {"files": [str(COMPOSE)], "env": env, "docker_host": docker_host},
              "services": {
                  "toxiproxy": {"url": f"http://127.0.0.1:{ports['P_TOXI']}", "token_file": str(token),
                                "proxies": {"lmcache": "engine -> lmcache"}, "startup_deadline": "60s",
@@ -71,7 +77,7 @@ def _stack_file(d: Path, image: str) -> Path:
 
 def test_kvdrill_brings_the_users_compose_file_up_for_the_drill_and_takes_it_down(engine, tmp_path):  # noqa: F811
     client = engine
-    stack_file = _stack_file(tmp_path, sandbox_image(client))
+    stack_file = _stack_file(tmp_path, sandbox_image(client), OwnedEngine(engine_state_dir()).base_url)
     before = {c.id for c in client.containers.list(all=True)}
 
     check = run_kvdrill(["stack", "check", str(stack_file), "--json"], timeout=120)
@@ -95,6 +101,8 @@ def test_kvdrill_brings_the_users_compose_file_up_for_the_drill_and_takes_it_dow
     # the project was the run's: created from the user's file, each service started by kvdrill, all removed
     [created] = _events(run_dir, "docker.project_created")
     assert created["data"]["compose_files"] == [str(COMPOSE)]
+    assert created["data"]["docker_host"] == OwnedEngine(engine_state_dir()).base_url
+    assert not _events(run_dir, "docker.image")  # nothing built on a user's engine
     assert sorted(created["data"]["containers"]) == sorted(f"{created['data']['project']}_{s}_1"
                                                             for s in ("engine", "lmcache", "toxiproxy"))
     assert {e["data"]["service"] for e in _events(run_dir, "service.started")} == {"engine", "lmcache", "toxiproxy"}
