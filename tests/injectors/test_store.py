@@ -53,10 +53,12 @@ async def mooncake(tmp_path):
         driver = ProcessDriver(tmp_path / "run" / "logs", journal)
         st = TinyMooncake(driver, http)
         st.specs["store-a"] = spec(tmp_path, name="store-a")
-        await driver.wait_healthy(driver.start(st.specs["store-a"]), http)
-        yield st, journal
-        for name in list(driver.services):
-            await driver.stop(name, sig=signal.SIGKILL)
+        try:
+            await driver.wait_healthy(driver.start(st.specs["store-a"]), http)
+            yield st, journal
+        finally:  # also when the stand-in is slow to answer on a loaded machine: it must not outlive the test
+            for name in list(driver.services):
+                await driver.stop(name, sig=signal.SIGKILL)
 
 
 def fault(stack, journal, tmp_path, **params) -> StoreFault:
