@@ -40,6 +40,7 @@ from drills.stack.sandbox import (
     SandboxStack,
     free_port,
     link_model,
+    option_variables,
     remove_served,
     render_stack_file,
     served_dir,
@@ -88,7 +89,7 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
     # --- lifecycle ---------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        lm, eng = self.options.lmcache, self.options.engine
+        lm = self.options.lmcache
         config_dir = self.run_dir / "stack" / "config"
         config_dir.mkdir(parents=True, exist_ok=True)
         if lm.l2_fs is not None:
@@ -116,19 +117,11 @@ class DockerSandboxStack(ComposeStack, SandboxStack):
             "venv": stack_venv(), "served_model": SERVED_MODEL, "dtype": self.pins.dtype,
             "served_model_dir": self.served_model_dir, "served_root": self.served_model_dir.parent,
             "models_root": self.model_dir.parent, "config_dir": config_dir, "l2_dir": self.l2_dir,
-            "l2_source": self.l2_dir if lm.l2_fs is not None else L2_VOLUME, "l2_serde": lm.l2_serde,
+            "l2_source": self.l2_dir if lm.l2_fs is not None else L2_VOLUME,
             "toxiproxy_seed": self.toxiproxy_seed, "toxiproxy_token": self.toxiproxy_token_file,
             "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
-            **{f"port_{k}": v for k, v in self.ports.items()},
-            "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
-            "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
-            "supported_transfer_mode": "auto" if lm.transfer_mode == "engine_driven" else "lmcache_driven",
-            "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
-            "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
-            "shutdown_timeout": eng.shutdown_timeout,
-            "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False
-            else "--no-enable-prefix-caching",
-            "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
+            **{f"port_{k}": v for k, v in self.ports.items()}, **option_variables(self.options),
+            "l2_adapter": json.dumps(adapter), "kv_transfer_config": json.dumps(kv_transfer),
         }
         self._render()
         self.journal.append("stack.prepared", ref=self.ref, project=self.project, ports=self.ports,

@@ -72,6 +72,24 @@ def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
         raise StackError(f"{path}, rendered for this run, is not a valid stack file: {exc}") from exc
 
 
+def option_variables(options: StackSpec) -> dict[str, Any]:
+    """The placeholders of the LMCache-MP built-in stack files (processes and containers alike) that come from
+    the scenario's ``stack:`` options: the LMCache server's flags and the engine's."""
+    lm, eng = options.lmcache, options.engine
+    return {
+        "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
+        "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
+        # engine_driven is the server-side fix (the server serves both); lmcache_driven and auto (as
+        # shipped) get LMCache's own server default
+        "supported_transfer_mode": "auto" if lm.transfer_mode == "engine_driven" else "lmcache_driven",
+        "shm_leak_fix": "1" if lm.shm_leak_fix else "0", "l2_serde": lm.l2_serde,
+        "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
+        "shutdown_timeout": eng.shutdown_timeout, "startup_deadline": f"{eng.startup_deadline}s",
+        "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False
+        else "--no-enable-prefix-caching",
+    }
+
+
 def service_specs(stack: StackFile, netns: str | None = None) -> dict[str, ServiceSpec]:
     """What the process driver starts for a ``runtime: processes`` stack file: each service's start command,
     health URL, deadline and order; a service with ``netns: true`` runs in the namespace ``netns``."""
@@ -260,19 +278,10 @@ class SandboxStack(ProcessStack):
             "dtype": self.pins.dtype, "patch_dir": PATCH_DIR, "kvdrill_python": sys.executable,
             "toxiproxy_seed": self.toxiproxy_seed, "toxiproxy_config": toxiproxy_config,
             "toxiproxy_token": self.toxiproxy_token_file, "toxiproxy_listen_hosts": toxiproxy_listen_hosts(self.proxies),
-            **{f"port_{k}": v for k, v in self.ports.items()},
-            "l1_size_gb": lm.l1_size_gb, "chunk_size": lm.chunk_size, "l1_read_ttl": int(lm.l1_read_ttl),
-            "l1_write_ttl": int(lm.l1_write_ttl), "worker_reap_timeout": int(lm.worker_reap_timeout),
-            # engine_driven is the server-side fix (the server serves both); lmcache_driven and auto (as
-            # shipped) get LMCache's own server default
-            "supported_transfer_mode": "auto" if lm.transfer_mode == "engine_driven" else "lmcache_driven",
-            "l2_adapter": json.dumps(adapter), "shm_leak_fix": "1" if lm.shm_leak_fix else "0",
-            "kv_cache_space_gb": eng.kv_cache_space_gb, "max_model_len": eng.max_model_len,
-            "shutdown_timeout": eng.shutdown_timeout,
-            "prefix_caching_flag": "--enable-prefix-caching" if eng.prefix_caching is not False else "--no-enable-prefix-caching",
+            **{f"port_{k}": v for k, v in self.ports.items()}, **option_variables(self.options),
+            "l2_adapter": json.dumps(adapter),
             "prompt_embeds_flag": "--enable-prompt-embeds" if eng.prompt_embeds else "--no-enable-prompt-embeds",
-            "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{eng.startup_deadline}s",
-            "l2_dir": self.l2_dir, "l2_serde": lm.l2_serde,
+            "kv_transfer_config": json.dumps(kv_transfer), "l2_dir": self.l2_dir,
         }
         self._variables = variables
         self.specs = self._wanted(render_services(COMPOSE_FILE, variables))

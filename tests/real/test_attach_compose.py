@@ -50,14 +50,9 @@ def _compose(env: dict[str, str], *args: str, timeout: float = 300) -> subproces
                           capture_output=True, text=True)
 
 
-def _l2_digest(l2: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(l2.iterdir()) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def compose_stack(engine, tmp_path_factory):  # noqa: F811 - the engine fixture imported above
-    client = engine
-    d = tmp_path_factory.mktemp("user-compose")
+def user_compose_inputs(d: Path, image: str) -> tuple[dict[str, str], dict[str, int], Path]:
+    """What the user lays out for user_stack/docker-compose.yml in ``d`` (an L2 directory, the proxy's config and
+    API token), and the variables the compose file reads: (variables, host ports, token file)."""
     (d / "l2").mkdir()
     (d / "config").mkdir()
     ports = {k: free_port() for k in ("P_TOXI", "P_PROXY", "P_ZMQ", "P_HTTP", "P_ENGINE")}
@@ -70,9 +65,22 @@ def compose_stack(engine, tmp_path_factory):  # noqa: F811 - the engine fixture 
           "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector", "kv_role": "kv_both",
           "kv_connector_extra_config": {"lmcache.mp.host": "toxiproxy", "lmcache.mp.port": 6555,
                                         "lmcache.mp.mq_timeout": 60, "lmcache.mp.mp_transfer_mode": "lmcache_driven"}}
-    env = {**os.environ, "DOCKER_HOST": OwnedEngine(engine_state_dir()).base_url, "IMAGE": sandbox_image(client), "CONFIG": str(d / "config"),
-           "L2": str(d / "l2"), "MODEL": str(model_dir(load_pins())), "DTYPE": load_pins().dtype,
-           "VENV": str(stack_venv()), "KV_CONFIG": json.dumps(kv), **{k: str(v) for k, v in ports.items()}}
+    variables = {"IMAGE": image, "CONFIG": str(d / "config"), "L2": str(d / "l2"), "MODEL": str(model_dir(load_pins())),
+                 "DTYPE": load_pins().dtype, "VENV": str(stack_venv()), "KV_CONFIG": json.dumps(kv),
+                 **{k: str(v) for k, v in ports.items()}}
+    return variables, ports, token
+
+
+def _l2_digest(l2: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(l2.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def compose_stack(engine, tmp_path_factory):  # noqa: F811 - the engine fixture imported above
+    client = engine
+    d = tmp_path_factory.mktemp("user-compose")
+    variables, ports, token = user_compose_inputs(d, sandbox_image(client))
+    env = {**os.environ, "DOCKER_HOST": OwnedEngine(engine_state_dir()).base_url, **variables}
     urls = {"engine": f"http://127.0.0.1:{ports['P_ENGINE']}", "lmcache": f"http://127.0.0.1:{ports['P_HTTP']}",
             "toxiproxy": f"http://127.0.0.1:{ports['P_TOXI']}"}
     health = {"engine": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version"}

@@ -12,21 +12,19 @@ engine, and nothing of the user's compose project by hand is touched.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
 
-from drills.pins import load_pins, model_dir, stack_venv
 from drills.stack.compose_project import engine_state_dir
 from drills.stack.containers import PROJECT_LABEL
 from drills.stack.dockerd import OwnedEngine
 from drills.stack.images import sandbox_image
-from drills.stack.sandbox import free_port
 
 from .conftest import ARTIFACTS, REPO, run_kvdrill
 from .test_attach import SERVED, _events, _run_dir
+from .test_attach_compose import user_compose_inputs
 from .test_docker_stack import engine  # noqa: F401 - kvdrill's own Docker engine, started and checked once
 
 # in `make test-catalogue`, beside the compose project attached by hand (test_attach_compose.py): a vLLM
@@ -39,21 +37,7 @@ COMPOSE = Path(__file__).with_name("user_stack") / "docker-compose.yml"
 
 def _stack_file(d: Path, image: str, docker_host: str) -> Path:
     """The user's stack file: the compose file, the variables it reads, and per service its URL and order."""
-    (d / "l2").mkdir()
-    (d / "config").mkdir()
-    ports = {k: free_port() for k in ("P_TOXI", "P_PROXY", "P_ZMQ", "P_HTTP", "P_ENGINE")}
-    (d / "config" / "toxiproxy.json").write_text(json.dumps(
-        [{"name": "lmcache", "listen": "0.0.0.0:6555", "upstream": "lmcache:5555", "enabled": True}]))
-    token = d / "config" / "toxiproxy.token"
-    token.write_text(os.urandom(16).hex())
-    token.chmod(0o644)  # read by the container's own user; the drill reads it from this host
-    kv = {"kv_connector": "LMCacheMPConnector",
-          "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector", "kv_role": "kv_both",
-          "kv_connector_extra_config": {"lmcache.mp.host": "toxiproxy", "lmcache.mp.port": 6555,
-                                        "lmcache.mp.mq_timeout": 60, "lmcache.mp.mp_transfer_mode": "lmcache_driven"}}
-    env = {"IMAGE": image, "CONFIG": str(d / "config"), "L2": str(d / "l2"), "MODEL": str(model_dir(load_pins())),
-           "DTYPE": load_pins().dtype, "VENV": str(stack_venv()), "KV_CONFIG": json.dumps(kv),
-           **{k: str(v) for k, v in ports.items()}}
+    env, ports, token = user_compose_inputs(d, image)
     stack = {"version": 1, "name": "user-compose-runtime", "runtime": "compose", "served_model": SERVED,
              "model_path": env["MODEL"],
              # the engine named as a user names theirs (a socket on this host): kvdrill builds nothing there and

@@ -61,14 +61,14 @@ def test_a_user_written_processes_stack_file_needs_a_start_for_every_service_and
 
 @pytest.mark.parametrize("kind", [docker_sandbox.DockerSandboxStack, docker_mooncake.DockerMooncakeStack],
                          ids=["sandbox-docker", "sandbox-docker-mooncake"])
-def test_a_built_in_container_stack_is_a_runtime_compose_stack_file_whose_urls_are_the_stacks(kind, tmp_path):
+def test_a_built_in_container_stack_is_a_runtime_compose_stack_file_whose_urls_are_the_stacks(kind, tmp_path,
+                                                                                           monkeypatch):
     """What the run brings up is the rendered file's: its compose files (beside it), their variables, and per
     service the URL the stack kind reaches, its order and deadline."""
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"")
+    monkeypatch.setenv("KVDRILL_HOME", str(tmp_path / "home"))  # prepare() links the served model under it
     stack = kind.from_spec(StackSpec(ref=kind.ref), tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
-    stack.model_dir = model
+    stack.model_dir.mkdir(parents=True)
+    (stack.model_dir / "model.safetensors").write_bytes(b"")
     stack.prepare()
     f = stack.stack_file
     assert f.runtime == "compose" and f.name == kind.ref and f.compose is not None
