@@ -104,12 +104,19 @@ def compose_stack(engine, tmp_path_factory):  # noqa: F811 - the engine fixture 
             YAML().dump(stack, fh)
         yield path, d, urls, client, names
     finally:
-        pids: set[int] = set()  # host pids (pid: host): what the project leaves in /dev/shm is named after them
-        for c in client.containers.list(filters={"label": f"com.docker.compose.project={PROJECT}"}):
-            pids |= container_pids(c)
-        down = _compose(env, "down", "-v", "--remove-orphans")
-        remove_shm_of(pids, set())  # LMCache's D4 leak and OpenMP's segments of the stopped engine: the test's
-        assert down.returncode == 0, down.stderr[-2000:]
+        take_down(client, PROJECT, COMPOSE, env)
+
+
+def take_down(client, project: str, compose_file: Path, env: dict[str, str]) -> None:
+    """A user's compose project brought up by a test: `docker-compose down -v`, then what its processes left in
+    /dev/shm (LMCache's D4 leak and OpenMP's segments of the stopped engines: the test's to remove)."""
+    pids: set[int] = set()  # host pids (pid: host): what the project leaves in /dev/shm is named after them
+    for c in client.containers.list(filters={"label": f"com.docker.compose.project={project}"}):
+        pids |= container_pids(c)
+    down = subprocess.run(["docker-compose", "-p", project, "-f", str(compose_file), "down", "-v", "--remove-orphans"],
+                          env=env, timeout=300, capture_output=True, text=True)
+    remove_shm_of(pids, set())
+    assert down.returncode == 0, down.stderr[-2000:]
 
 
 def _drill(stack_file: Path, scenario: Path, name: str) -> tuple[subprocess.CompletedProcess, Path]:

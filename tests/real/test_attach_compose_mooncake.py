@@ -27,15 +27,14 @@ from ruamel.yaml import YAML
 
 from drills.pins import load_pins, model_dir, stack_venv
 from drills.stack.compose_project import engine_state_dir
-from drills.stack.containers import container_pids
 from drills.stack.dockerd import OwnedEngine
 from drills.stack.images import sandbox_image
-from drills.stack.process import remove_shm_of
 from drills.stack.sandbox import free_port
 from drills.toxiproxy import api_headers
 
 from .conftest import ARTIFACTS, REPO, run_kvdrill
 from .test_attach import SERVED, _events, _healthy, _run_dir
+from .test_attach_compose import take_down
 from .test_docker_stack import engine  # noqa: F401 - kvdrill's own Docker engine, started and checked once
 
 # in `make test`, beside test_attach_compose.py: the contributor kill on a compose project attached by its
@@ -134,12 +133,7 @@ def mooncake_project(engine, tmp_path_factory):  # noqa: F811 - the engine fixtu
             YAML().dump(stack, fh)
         yield path, d, urls, client
     finally:
-        pids: set[int] = set()  # host pids (pid: host): what the project leaves in /dev/shm is named after them
-        for c in client.containers.list(filters={"label": f"com.docker.compose.project={PROJECT}"}):
-            pids |= container_pids(c)
-        down = _compose(env, "down", "-v", "--remove-orphans")
-        remove_shm_of(pids, set())  # LMCache's and OpenMP's segments of the stopped engines: the test's
-        assert down.returncode == 0, down.stderr[-2000:]
+        take_down(client, PROJECT, COMPOSE, env)
 
 
 def test_stack_check_finds_every_container_by_its_compose_labels(mooncake_project):
