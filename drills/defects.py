@@ -43,4 +43,6 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D13", "in-process LMCache ignores vLLM's cache_salt: a request salted for another tenant is served "
                   "KV stored without (or under another) salt",
            "LMCache in-process (LMCacheConnectorV1)", ("oracle",)),
+    Defect("D14", "the Redis (resp) L2 serves a zeroed value silently (hit reported, output wrong)",
+           "LMCache MP server, resp L2 on Redis", ("correctness", "hit_rate")),
 )}

@@ -61,6 +61,7 @@ class StackView:
     urls: dict[str, str] = field(default_factory=dict)  # its services' URLs, as far as known before it starts
     attached: bool = False  # a stack file's services, found running (not started)
     runtime: str | None = None  # a stack file's runtime (attach: found running; processes, compose: started)
+    l2_redis: str | None = None  # a resp L2's Redis URL (kv_corrupt reads and writes its values there)
 
     @property
     def kind(self) -> type[StackKind]:
@@ -100,7 +101,8 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     # command run in its image
     services = {name: {"netns": bool(raw.get("netns")),
                        "program": _program((raw.get("start") or {}).get("argv") or raw["command"])}
-                for name, raw in doc["services"].items() if name != "baseline" or sc.stack.baseline is not False}
+                for name, raw in doc["services"].items()
+                if (name != "baseline" or sc.stack.baseline is not False) and kind.runs_service(name, sc.stack)}
     run_dir = reports_dir / RUN_ID
     l2, volume = kind.planned_l2(sc.stack, run_dir)
     fs = sc.stack.lmcache.l2_fs if l2 is not None else None
@@ -110,6 +112,8 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
                      l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=kind.creates_netns,
                      model_dir=model_dir(load_pins()), proxies=tuple(kind.proxy_names), urls=urls)
     view.urls["toxiproxy"] = view.toxiproxy_url()
+    if sc.stack.lmcache.l2_adapter == "resp":
+        view.l2_redis = view.urls["redis"] = "redis://127.0.0.1:<free port>"
     return view
 
 
@@ -139,7 +143,8 @@ def _attached_view(sc: Scenario, reports_dir: Path) -> StackView:
     tp = f.services.get("toxiproxy")
     return StackView(ref=sc.stack.ref, run_dir=reports_dir / RUN_ID, services=services, l2_dir=f.l2_dir, l2_fs=None,
                      netns=False, model_dir=model_dir(load_pins()), proxies=tuple(tp.proxies) if tp else (),
-                     urls={n: s.url for n, s in f.services.items()}, attached=True, runtime=f.runtime)
+                     urls={n: s.url for n, s in f.services.items()}, attached=True, runtime=f.runtime,
+                     l2_redis=f.l2_redis_url)
 
 
 def _program(argv: list[Any]) -> str:
@@ -319,7 +324,7 @@ def _disk(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.kv_corrupt import Bitflip, Stale, Swap
 
-    assert view.l2_dir is not None  # Capability.CHUNK_FILES, checked before the planners
+    assert view.l2_dir is not None or view.l2_redis is not None  # Capability.CHUNK_FILES, checked before the planners
     from drills.prompts_file import prompt_count
 
     n = prompt_count(sc.workload)  # a prompts file's lines, when it has one
@@ -329,24 +334,31 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         fp.problems.append(f"prompts {bad} do not exist; the workload has {n} (indices 0..{n - 1})")
         return
     if isinstance(p, Bitflip) and p.bit_class == "exponent" and sc.stack.lmcache.l2_serde != "none":
-        fp.problems.append("bit_class 'exponent' needs raw fp32 chunk files (stack.lmcache.l2_serde: none)")
+        fp.problems.append("bit_class 'exponent' needs raw fp32 chunks (stack.lmcache.l2_serde: none)")
+
+    def entry(prompt: Any, chunk: int) -> str:
+        # an fs L2's chunk is a file; a resp L2's a Redis key, read and written with a Redis client
+        what = f"<{'chunk file' if view.l2_redis is None else 'Redis key'} of prompt {prompt}, chunk {chunk}>"
+        return str(view.l2_dir / what) if view.l2_redis is None else what
+
+    at = "path" if view.l2_redis is None else "key"
     for pid in ids:
-        t: dict[str, Any] = {"prompt": pid, "chunk": p.chunk,
-                             "path": str(view.l2_dir / f"<chunk file of prompt {pid}, chunk {p.chunk}>")}
+        t: dict[str, Any] = {"prompt": pid, "chunk": p.chunk, at: entry(pid, p.chunk)}
+        if view.l2_redis is not None:
+            t["store_url"] = view.l2_redis
         if isinstance(p, Swap):
-            other = p.chunk + 1 if p.with_chunk is None else p.with_chunk
-            t["other_path"] = str(view.l2_dir / f"<chunk file of prompt {pid}, chunk {other}>")
+            t[f"other_{at}"] = entry(pid, p.chunk + 1 if p.with_chunk is None else p.with_chunk)
         if isinstance(p, Stale):
-            src = p.from_prompt if p.from_prompt is not None else "<the next prompt whose chunk differs>"
-            t["source_path"] = str(view.l2_dir / f"<chunk file of prompt {src}, chunk {p.chunk}>")
+            t[f"source_{at}"] = entry(p.from_prompt if p.from_prompt is not None else
+                                      "<the next prompt whose chunk differs>", p.chunk)
         fp.targets.append(t)
     if isinstance(p, Bitflip):
         draw = ("randrange(size // 4) * 32 + choice(FP32_EXPONENT_BITS)" if p.bit_class == "exponent"
                 else "randrange(size * 8)")
         fp.seeded["bit_positions"] = (f"{p.bits} distinct bit(s) per file, each {draw} from "
                                       f"Random({seeds.fault_rng_seed(sc.seed, fp.id)!r}), files in target order; "
-                                      "size is the chunk file's size at run time")
-    fp.seeded["chunk_files"] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
+                                      "size is the chunk's size at run time")
+    fp.seeded["chunk_files" if view.l2_redis is None else "redis_keys"] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
                                 f"{seeds.WORKLOAD.format(seed=sc.seed)!r}); no random choice")
 
 

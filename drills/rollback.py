@@ -155,6 +155,9 @@ class RunState:
     # an attached stack's L2 directory, where both the journal and its stack file on disk put it: a chunk a
     # kv_corrupt of the run damaged there is written back (from the run's own backup, by its digest)
     attached_l2: Path | None = None
+    # the Redis a resp L2 stores in, where the run started it (stack.prepared) or both the journal and the
+    # attached stack's file on disk declare it: a value a kv_corrupt of the run damaged there is written back
+    redis_l2: set[str] = field(default_factory=set)
 
     def inside(self, value: Any, *, follow: bool = True, roots: list[Path] | None = None) -> bool:
         """``value`` is an absolute path under one of the run's directories. ``follow``: symlinks
@@ -211,6 +214,7 @@ def run_state(run_dir: Path, history: History) -> RunState:
     return RunState(run_dir=run_dir, roots=roots, tags={str(run_dir), *linked}, netns=netns,
                     attached=attached, attached_starts=starts,
                     attached_l2=_declared_l2(prepared.data) if prepared is not None else None,
+                    redis_l2=_redis_l2(prepared.data) if prepared is not None else set(),
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -287,7 +291,8 @@ def _docker_host_ok(value: Any) -> str | None:
 def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], list[str]]:
     """kv_corrupt: a chunk is written back only from a backup inside the run whose bytes have the
     recorded digest, onto a path inside the run's directories, the L2 volume of a project it made, or the
-    L2 directory of the attached stack its stack file declares."""
+    L2 directory of the attached stack its stack file declares; or, for a Redis L2, as a value of the loopback
+    Redis the run started or its stack file declares."""
     if not isinstance(entries, list):
         return [], [f"restore is {type(entries).__name__}, not a list of files"]
     from drills.stack.docker_sandbox import l2_volume_dir
@@ -299,14 +304,22 @@ def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], l
         if not isinstance(entry, dict):
             bad.append(f"restore entry {str(entry)[:60]!r} is not an object")
             continue
-        path, backup, digest = entry.get("path"), entry.get("backup"), entry.get("sha256")
-        if not (state.inside(path) or (volumes and state.inside(path, roots=volumes))):
-            bad.append(f"{str(path)[:120]}: not under the run's directories"
-                       + (", a project's L2 volume or the L2 its stack file declares" if volumes else ""))
-        elif not state.inside(backup):
-            bad.append(f"{path}: backup {str(backup)[:120]} is not under the run's directories")
+        backup, digest = entry.get("backup"), entry.get("sha256")
+        if entry.get("tier") == "redis":
+            where, url = f"{entry.get('store_url')} key {str(entry.get('key'))[:120]}", entry.get("store_url")
+            if url not in state.redis_l2 or not isinstance(entry.get("key"), str):
+                bad.append(f"{where}: not the loopback Redis the run started or its stack file declares as its L2")
+                continue
+        else:
+            where = path = entry.get("path")
+            if not (state.inside(path) or (volumes and state.inside(path, roots=volumes))):
+                bad.append(f"{str(path)[:120]}: not under the run's directories"
+                           + (", a project's L2 volume or the L2 its stack file declares" if volumes else ""))
+                continue
+        if not state.inside(backup):
+            bad.append(f"{where}: backup {str(backup)[:120]} is not under the run's directories")
         elif not isinstance(digest, str) or not os.path.isfile(backup) or sha256_file(Path(backup)) != digest:
-            bad.append(f"{path}: backup {backup} does not have the recorded sha256")
+            bad.append(f"{where}: backup {backup} does not have the recorded sha256")
         else:
             good.append(entry)
     return good, bad
@@ -414,6 +427,22 @@ def _declared_l2(prepared: dict[str, Any]) -> Path | None:
     if declared is None or not isinstance(recorded, str) or os.path.realpath(recorded) != os.path.realpath(declared):
         return None
     return Path(os.path.realpath(declared))
+
+
+def _redis_l2(prepared: dict[str, Any]) -> set[str]:
+    """The loopback Redis of the run's resp L2: the one it started (its adapter as journaled), or the one the
+    journal and the attached stack's file on disk both name."""
+    adapter = prepared.get("l2_adapter")
+    urls = set()
+    if isinstance(adapter, dict) and adapter.get("type") == "resp" and type(adapter.get("port")) is int:
+        urls.add(f"redis://{adapter.get('host')}:{adapter['port']}")
+    f = _own_stack_file(prepared.get("stack_file"))
+    if f is not None and f.l2_redis_url is not None and prepared.get("l2_redis_url") == f.l2_redis_url:
+        urls.add(f.l2_redis_url)
+    from drills.stack.chunk_tiers import redis_url_problem
+
+    # a Redis URL is judged as the http URL to the same host and port would be: loopback, no credentials
+    return {u for u in urls if redis_url_problem(u) is None and _loopback_url("http" + u[len("redis"):]) is None}
 
 
 def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ from drills.triggers import Trigger
 from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
-DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13"]
+DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13",
+                   "D14"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
                     "score", "production"]
 OracleSource = Literal["salted", "baseline", "both"]
@@ -70,8 +71,11 @@ class LMCacheOptions(_Strict):
     l1_size_gb: float = Field(1.0, gt=0, le=8, description="the server's L1 (memory) tier; a full L1 drops new "
                                                          "stores silently, so it is sized for chaos traffic's "
                                                          "fresh prompts too")
+    l2_adapter: Literal["fs", "resp"] = Field(
+        "fs", description="the L2 tier: 'fs' (one file per chunk in the run's L2 directory) or 'resp' (one value per "
+                          "chunk in a Redis the run starts on loopback, persistence off: LMCache's Redis/Valkey L2)")
     l2_serde: Literal["none", "aesgcm"] = Field(
-        "none", description="fs L2 serde: 'none' stores raw tensor bytes, 'aesgcm' authenticates each file")
+        "none", description="L2 serde: 'none' stores raw tensor bytes, 'aesgcm' authenticates each chunk")
     l1_read_ttl: Duration = Field(20.0, description="read-lock TTL (short, so leaked locks show up quickly)")
     l1_write_ttl: Duration = 60.0
     worker_reap_timeout: Duration = Field(30.0, description="server reaps silent vLLM workers after this")
@@ -87,6 +91,13 @@ class LMCacheOptions(_Strict):
     l2_fs: L2Filesystem | None = Field(
         None, description="mount a run-owned filesystem for the L2 directory (needed by the `disk` faults); "
                           "default: a plain directory in the run")
+
+    @model_validator(mode="after")
+    def _fs_for_filesystems(self) -> LMCacheOptions:
+        if self.l2_adapter == "resp" and self.l2_fs is not None:
+            raise ValueError("l2_fs mounts a filesystem under the fs L2's directory; with l2_adapter: resp the L2 is a "
+                             "Redis, so leave l2_fs out (or use l2_adapter: fs for the disk faults)")
+        return self
 
     @field_validator("chunk_size")
     @classmethod
@@ -155,6 +166,14 @@ class StackSpec(_Strict):
             raise ValueError(f"stack.engine.prompt_embeds starts the sandbox's vLLM with --enable-prompt-embeds; "
                              f"{self.ref} does not take it (an attached stack's engine is started by you, with the "
                              "flag)")
+        return self
+
+    @model_validator(mode="after")
+    def _redis_on_the_sandbox(self) -> StackSpec:
+        if self.lmcache.l2_adapter == "resp" and self.ref != "sandbox":
+            raise ValueError(f"lmcache.l2_adapter resp (a Redis L2 kvdrill starts) runs on stack.ref: sandbox only; "
+                             f"{self.ref} does not take it yet (an attached stack declares its Redis in its stack "
+                             "file: services.redis and services.lmcache.l2: {adapter: resp, service: redis})")
         return self
 
     @model_validator(mode="after")

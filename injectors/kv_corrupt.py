@@ -1,25 +1,25 @@
-"""``kv_corrupt``: damage LMCache fs-L2 chunk files the way disks, bugs and mix-ups do.
+"""``kv_corrupt``: damage LMCache L2 chunks the way disks, bugs and mix-ups do, in the tier that holds them.
 
-Targets are named by prompt and chunk index and mapped to files through LMCache's own token hasher
-(run in the stack venv), so a drill corrupts exactly the chunk the engine will load. The fs L2 stores
-raw fp32 tensor bytes with no header (or, with the ``aesgcm`` serde, ``[ver][iv][ciphertext][tag]``),
-and it never rewrites a file that exists, so a corrupted chunk stays corrupted until kvdrill heals it
-from the backup it took before the first byte changed.
+Targets are named by prompt and chunk index and mapped to L2 entries through LMCache's own token hasher
+(run in the stack venv), so a drill corrupts exactly the chunk the engine will load. Each tier is read and
+written through its own interface (drills/stack/chunk_tiers.py): fs L2 files, or the values of a Redis the
+``resp`` L2 adapter stores in. Both hold raw fp32 tensor bytes with no header (or, with the ``aesgcm`` serde,
+``[ver][iv][ciphertext][tag]``), and neither is rewritten by a later store of the same key (the fs adapter
+skips a file that exists; the chunk stays in L1 meanwhile), so a corrupted chunk stays corrupted until
+kvdrill heals it from the backup it took before the first byte changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import shutil
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
-from drills.digest import sha256_file
 from drills.stack.api import Capability
+from drills.stack.chunk_tiers import TIER_ERRORS, ChunkTier, tier_of
 from injectors.base import HealReport, InjectionError, Injector, Proof
 
 FP32_EXPONENT_BITS = range(23, 31)  # bit 31 is the sign; 23..30 the exponent of a little-endian float32
@@ -72,21 +72,34 @@ class KvCorruptParams(RootModel[Annotated[Union[Bitflip, Zero, Truncate, Delete,
     pass
 
 
+def _digest(data: bytes | None) -> str | None:
+    return hashlib.sha256(data).hexdigest() if data is not None else None
+
+
+def _ref(entry: dict[str, Any]) -> str:
+    """The entry an undo record or target names: a file's path, or a Redis key."""
+    return entry["key"] if entry.get("tier") == "redis" else entry["path"]
+
+
 def restore(entries: list[dict[str, Any]]) -> HealReport:
-    """Put every file back from its backup unless it already has the original digest. Idempotent, and
-    usable from another process: ``entries`` is exactly what the journal's ``fault.undo`` event holds."""
+    """Put every chunk back from its backup unless it already has the original digest. Idempotent, and
+    usable from another process: ``entries`` is exactly what the journal's ``fault.undo`` event holds
+    (an entry without ``tier`` is an fs file, as journals written before Redis was a tier say)."""
     report = HealReport()
     for entry in entries:
-        path, backup = Path(entry["path"]), Path(entry["backup"])
-        # a heal killed between its copy and its rename leaves this temporary file: never a chunk, remove it
-        path.with_name(path.name + ".kvdrill-heal").unlink(missing_ok=True)
-        if sha256_file(path) == entry["sha256"]:
-            report.already_healed.append(str(path))
+        tier, ref = tier_of(entry), _ref(entry)
+        if tier.kind == "fs":
+            # a heal killed between its copy and its rename leaves this temporary file: never a chunk, remove it
+            Path(ref).with_name(Path(ref).name + ".kvdrill-heal").unlink(missing_ok=True)
+        try:
+            if _digest(tier.read(ref)) == entry["sha256"]:
+                report.already_healed.append(ref)
+                continue
+            tier.put_back(ref, Path(entry["backup"]).read_bytes())
+        except TIER_ERRORS as exc:  # the tier is gone (a stopped Redis): said, never counted as healed
+            report.failed.append(f"{ref}: {type(exc).__name__}: {exc}")
             continue
-        tmp = path.with_name(path.name + ".kvdrill-heal")
-        shutil.copyfile(backup, tmp)
-        os.replace(tmp, path)
-        report.undone.append(str(path))
+        report.undone.append(ref)
     return report
 
 
@@ -100,6 +113,18 @@ class KvCorrupt(Injector):
         self.spec = params.root if isinstance(params, RootModel) else params
         self.targets: list[dict[str, Any]] = []
         self.undo: list[dict[str, Any]] = []
+        self._tier: ChunkTier | None = None
+        self._backups: dict[str, Path] = {}  # entry -> its backup in the run directory
+
+    @property
+    def tier(self) -> ChunkTier:
+        if self._tier is None:
+            self._tier = self.ctx.stack.chunk_tier()
+        return self._tier
+
+    def _field(self, role: str = "") -> str:
+        """A target's key for an entry: ``path``/``other_path``/``source_path`` for files, ``key``/... for Redis."""
+        return f"{role}_{self.tier.ref_field}" if role else self.tier.ref_field
 
     # --- plan ----------------------------------------------------------------------------------------
 
@@ -112,46 +137,49 @@ class KvCorrupt(Injector):
                                  f"(indices 0..{len(prompts) - 1})")
         if isinstance(spec, Bitflip) and spec.bit_class in BIT_CLASSES and \
                 self.ctx.stack.options.lmcache.l2_serde != "none":
-            raise InjectionError(f"kv_corrupt: bit_class {spec.bit_class!r} needs raw fp32 chunk files, but the fs L2 "
+            raise InjectionError(f"kv_corrupt: bit_class {spec.bit_class!r} needs raw fp32 chunks, but the L2 "
                                  f"uses the {self.ctx.stack.options.lmcache.l2_serde!r} serde; use bit_class 'any'")
         # in a thread: the hashes come from a subprocess of the stack's Python (seconds), and an abort
         # must not wait for it with the event loop blocked
         files = await asyncio.to_thread(self.ctx.stack.chunk_files, [p.token_ids for p in prompts])
-        by_path: dict[str, dict[str, Any]] = {}
+        at, other_at, source_at = self._field(), self._field("other"), self._field("source")
+        by_ref: dict[str, dict[str, Any]] = {}
         for pid in ids:
             row = files[pid]
             chunk = self._chunk(row, spec.chunk, pid)
-            entry: dict[str, Any] = {"path": str(chunk.path), "chunk": spec.chunk, "chunk_hash": chunk.chunk_hash}
+            entry: dict[str, Any] = {**self.tier.describe(), at: str(chunk.path), "chunk": spec.chunk,
+                                     "chunk_hash": chunk.chunk_hash}
             if isinstance(spec, Swap):
                 other_index = spec.chunk + 1 if spec.with_chunk is None else spec.with_chunk
                 if other_index == spec.chunk:
                     raise InjectionError("kv_corrupt swap: with_chunk must differ from chunk")
                 other = self._chunk(row, other_index, pid)
-                entry.update(other_path=str(other.path), other_chunk=other_index)
-                key = "|".join(sorted([entry["path"], entry["other_path"]]))
+                entry.update({other_at: str(other.path), "other_chunk": other_index})
+                key = "|".join(sorted([entry[at], entry[other_at]]))
             elif isinstance(spec, Stale):
                 source = self._stale_source(files, pid, spec)
-                entry.update(source_path=str(source.path), source_prompt=source.prompt_id)
-                key = entry["path"]
+                entry.update({source_at: str(source.path), "source_prompt": source.prompt_id})
+                key = entry[at]
             else:
-                key = entry["path"]
-            by_path.setdefault(key, {**entry, "prompts": []})["prompts"].append(pid)
-        self.targets = list(by_path.values())
+                key = entry[at]
+            by_ref.setdefault(key, {**entry, "prompts": []})["prompts"].append(pid)
+        self.targets = list(by_ref.values())
         if isinstance(spec, Swap):
             self._refuse_overlapping_swaps()
         return self.targets
 
     def _refuse_overlapping_swaps(self) -> None:
-        """Two swaps that share a file would permute three chunks, not swap two: refuse, and say why."""
+        """Two swaps that share a chunk would permute three chunks, not swap two: refuse, and say why."""
+        at, other_at = self._field(), self._field("other")
         seen: dict[str, list[int]] = {}
         for t in self.targets:
-            for path in (t["path"], t["other_path"]):
-                if path in seen:
+            for ref in (t[at], t[other_at]):
+                if ref in seen:
                     raise InjectionError(
-                        f"kv_corrupt swap: chunk file {Path(path).name[-24:]} belongs to two swaps (prompts "
-                        f"{seen[path]} and {t['prompts']}): one of the chunks lies in the shared prefix. Swap two "
-                        "shared chunks, two unique ones, or name a single prompt")
-                seen[path] = t["prompts"]
+                        f"kv_corrupt swap: chunk {ref[-24:]} belongs to two swaps (prompts {seen[ref]} and "
+                        f"{t['prompts']}): one of the chunks lies in the shared prefix. Swap two shared chunks, two "
+                        "unique ones, or name a single prompt")
+                seen[ref] = t["prompts"]
 
     def _chunk(self, row, index: int, pid: int):
         if index >= len(row):
@@ -160,9 +188,10 @@ class KvCorrupt(Injector):
                 "does not exist. Only full chunks are stored.")
         chunk = row[index]
         if chunk.path is None:
+            where = next(iter(v for k, v in self.tier.describe().items() if k != "tier"))
             raise InjectionError(
-                f"kv_corrupt: prompt {pid} chunk {index} (hash {chunk.chunk_hash[:16]}...) has no file in "
-                f"{self.ctx.stack.l2_dir}; the cache was not warmed for it or the store has not finished")
+                f"kv_corrupt: prompt {pid} chunk {index} (hash {chunk.chunk_hash[:16]}...) is not in the L2 "
+                f"({where}); the cache was not warmed for it or the store has not finished")
         return chunk
 
     def _stale_source(self, files, pid: int, spec: Stale):
@@ -185,90 +214,103 @@ class KvCorrupt(Injector):
     async def inject(self) -> None:
         if not self.targets:
             await self.plan()
+        await asyncio.to_thread(self._inject)  # a Redis chunk is ~12 MB over a socket: off the event loop
+
+    def _inject(self) -> None:
+        tier, at, other_at, source_at = self.tier, self._field(), self._field("other"), self._field("source")
         backup_dir = self.ctx.run_dir / "backups" / self.ctx.fault_id
         backup_dir.mkdir(parents=True, exist_ok=True)
-        touched = set()
-        for t in self.targets:
-            touched.add(t["path"])
-            if "other_path" in t:
-                touched.add(t["other_path"])
-        self.undo = []
-        for path in sorted(touched):
-            backup = backup_dir / Path(path).name
-            shutil.copyfile(path, backup)
-            self.undo.append({"path": path, "backup": str(backup), "sha256": sha256_file(Path(path)),
-                              "size": Path(path).stat().st_size})
+        touched = sorted({r for t in self.targets for r in (t[at], t.get(other_at)) if r is not None})
+        self.undo, self._backups = [], {}
+        for ref in touched:
+            data = tier.read(ref)
+            if data is None:
+                raise InjectionError(f"kv_corrupt: {ref} vanished from the L2 before the fault (evicted?)")
+            backup = backup_dir / (ref.replace("/", "-").lstrip("-")[-200:] + ".chunk")
+            backup.write_bytes(data)
+            self._backups[ref] = backup
+            self.undo.append({**tier.describe(), at: ref, "backup": str(backup), "sha256": _digest(data),
+                              "size": len(data)})
         # the undo record is durable before the first byte changes, so `kvdrill rollback` can heal a crash
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name, restore=self.undo)
         # stale sources may themselves be targets (prompt 0 takes 1's chunk while 1 takes 2's ...): read every
         # source before the first write, so each target gets the original bytes, not an already-stale copy
-        sources = {t["source_path"]: Path(t["source_path"]).read_bytes() for t in self.targets if "source_path" in t}
+        sources = {t[source_at]: tier.read(t[source_at]) for t in self.targets if source_at in t}
         for t in self.targets:
-            if "source_path" in t:
-                t["source_sha256"] = hashlib.sha256(sources[t["source_path"]]).hexdigest()
+            if source_at in t:
+                t["source_sha256"] = _digest(sources[t[source_at]])
             t["applied"] = self._apply(t, sources)
 
-    def _apply(self, t: dict[str, Any], sources: dict[str, bytes]) -> dict[str, Any]:
-        spec, path = self.spec, Path(t["path"])
+    def _original(self, ref: str) -> bytes:
+        """A target's bytes as they were before the fault (from its backup: chunks are ~12 MB, not kept in memory)."""
+        return self._backups[ref].read_bytes()
+
+    def _apply(self, t: dict[str, Any], sources: dict[str, bytes | None]) -> dict[str, Any]:
+        spec, tier, ref = self.spec, self.tier, t[self._field()]
+        data = self._original(ref)
         if isinstance(spec, Bitflip):
-            size = path.stat().st_size
+            size = len(data)
             positions: set[tuple[int, int]] = set()
             within = BIT_CLASSES.get(spec.bit_class)
             capacity = (size // 4) * len(within) if within else size * 8
             if spec.bits > capacity:
-                raise InjectionError(f"kv_corrupt bitflip: {spec.bits} bits exceed what {path.name} holds")
+                raise InjectionError(f"kv_corrupt bitflip: {spec.bits} bits exceed what {ref[-60:]} holds")
             while len(positions) < spec.bits:
                 if within:
                     bit = self.ctx.rng.randrange(size // 4) * 32 + self.ctx.rng.choice(within)
                 else:
                     bit = self.ctx.rng.randrange(size * 8)
                 positions.add((bit // 8, bit % 8))
-            with path.open("r+b") as fh:
-                for offset, bit in sorted(positions):
-                    fh.seek(offset)
-                    byte = fh.read(1)[0]
-                    fh.seek(offset)
-                    fh.write(bytes([byte ^ (1 << bit)]))
+            changed = bytearray(data)
+            for offset, bit in positions:
+                changed[offset] ^= 1 << bit
+            tier.write(ref, bytes(changed))
             return {"flipped": [[o, b] for o, b in sorted(positions)]}
         if isinstance(spec, Zero):
-            size = path.stat().st_size
-            with path.open("r+b") as fh:
-                fh.write(bytes(size))
-            return {"zeroed_bytes": size}
+            tier.write(ref, bytes(len(data)))
+            return {"zeroed_bytes": len(data)}
         if isinstance(spec, Truncate):
-            keep = int(path.stat().st_size * spec.keep_fraction)
-            os.truncate(path, keep)
+            keep = int(len(data) * spec.keep_fraction)
+            tier.write(ref, data[:keep])
             return {"kept_bytes": keep}
         if isinstance(spec, Delete):
-            path.unlink()
+            tier.delete(ref)
             return {"deleted": True}
         if isinstance(spec, Swap):
-            other = Path(t["other_path"])
-            a, b = path.read_bytes(), other.read_bytes()
-            path.write_bytes(b)
-            other.write_bytes(a)
-            return {"swapped_with": str(other)}
-        path.write_bytes(sources[t["source_path"]])
-        return {"copied_from": t["source_path"]}
+            other = t[self._field("other")]
+            tier.write(ref, self._original(other))
+            tier.write(other, data)
+            return {"swapped_with": other}
+        source = sources[t[self._field("source")]]
+        if source is None:
+            raise InjectionError(f"kv_corrupt stale: the source chunk {t[self._field('source')]} vanished")
+        tier.write(ref, source)
+        return {"copied_from": t[self._field("source")]}
 
     async def verify(self) -> Proof:
-        before = {u["path"]: u for u in self.undo}
+        return await asyncio.to_thread(self._verify)
+
+    def _verify(self) -> Proof:
+        """Every target read back through its tier: the planned change is there, byte for byte."""
+        tier, at = self.tier, self._field()
+        before = {u[at]: u for u in self.undo}
         details, effective = [], True
         for t in self.targets:
-            path = Path(t["path"])
-            now = sha256_file(path)
-            row: dict[str, Any] = {"path": path.name, "prompts": t["prompts"], "chunk": t["chunk"],
-                                   "sha256_before": before[t["path"]]["sha256"], "sha256_after": now,
-                                   "size_before": before[t["path"]]["size"],
-                                   "size_after": path.stat().st_size if now else None}
+            ref = t[at]
+            now_bytes = tier.read(ref)
+            now = _digest(now_bytes)
+            row: dict[str, Any] = {at: ref.rpartition("/")[2], "prompts": t["prompts"], "chunk": t["chunk"],
+                                   "sha256_before": before[ref]["sha256"], "sha256_after": now,
+                                   "size_before": before[ref]["size"],
+                                   "size_after": len(now_bytes) if now_bytes is not None else None}
             changed = now != row["sha256_before"]
-            if isinstance(self.spec, Bitflip) and now:
-                row["bits_differing"] = _bit_difference(Path(before[t["path"]]["backup"]), path)
+            if isinstance(self.spec, Bitflip) and now_bytes is not None:
+                row["bits_differing"] = _bit_difference(self._original(ref), now_bytes)
                 changed = row["bits_differing"] == self.spec.bits
             if isinstance(self.spec, Swap):
-                other = Path(t["other_path"])
-                row["other_sha256_after"] = sha256_file(other)
-                changed = changed and now == before[t["other_path"]]["sha256"] and \
+                other = t[self._field("other")]
+                row["other_sha256_after"] = _digest(tier.read(other))
+                changed = changed and now == before[other]["sha256"] and \
                     row["other_sha256_after"] == row["sha256_before"]
             if isinstance(self.spec, Stale):
                 row["source_sha256"] = t["source_sha256"]
@@ -276,17 +318,16 @@ class KvCorrupt(Injector):
             row["changed"] = changed
             effective = effective and changed
             details.append(row)
-        mode = self.spec.mode
-        summary = (f"{mode}: {len(details)} chunk file(s) changed as planned" if effective
-                   else f"{mode}: at least one chunk file is not in the planned state")
+        mode, what = self.spec.mode, "chunk file(s)" if tier.kind == "fs" else f"{tier.kind} value(s)"
+        summary = (f"{mode}: {len(details)} {what} changed as planned" if effective
+                   else f"{mode}: at least one {what} is not in the planned state")
         return Proof(effective=effective, summary=summary, details=details)
 
     async def heal(self) -> HealReport:
-        return restore(self.undo)
+        return await asyncio.to_thread(restore, self.undo)
 
 
-def _bit_difference(a: Path, b: Path) -> int:
-    x, y = a.read_bytes(), b.read_bytes()
+def _bit_difference(x: bytes, y: bytes) -> int:
     if len(x) != len(y):
         return -1
     diff = int.from_bytes(x, "little") ^ int.from_bytes(y, "little")

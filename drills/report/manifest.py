@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -40,6 +41,20 @@ def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
         "chunk_size": stack.lmcache.chunk_size,
         "kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); fs-L2 chunk = [layers][2 blocks][64 K^T rows + 64 V rows][kv heads][128]",
         "lmcache_transfer_mode": stack.lmcache.transfer_mode,
-        "l2": {"adapter": "fs", "serde": stack.lmcache.l2_serde},
+        "l2": {"adapter": stack.lmcache.l2_adapter, "serde": stack.lmcache.l2_serde,
+               **({"redis_server": redis_server_version()} if stack.lmcache.l2_adapter == "resp" else {})},
         "prefix_caching": stack.engine.prefix_caching,
     }
+
+
+def redis_server_version() -> dict[str, Any]:
+    """The Redis the sandbox's resp L2 runs: what the binary says, and the Debian package it came from."""
+    out: dict[str, Any] = {}
+    for key, argv in (("binary", ["/usr/bin/redis-server", "--version"]),
+                      ("debian_package", ["dpkg-query", "-W", "-f", "${Version}", "redis-server"])):
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            out[key] = proc.stdout.strip() if proc.returncode == 0 else f"error: {proc.stderr.strip()[:200]}"
+        except OSError as exc:
+            out[key] = f"error: {exc}"
+    return out

@@ -108,6 +108,9 @@ class StackKind(Protocol):
         ...
 
     @classmethod
+    def runs_service(cls, name: str, spec: StackSpec) -> bool: ...  # a stack-file service runs for these options
+
+    @classmethod
     def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
         """The L2 directory a run in ``run_dir`` will have, and a directory the stack creates for it outside
         ``run_dir`` (None where there is no such thing), known before anything starts."""

@@ -48,6 +48,7 @@ from drills.scenario import StackSpec
 from drills.shipped import COMPOSE
 from drills.stack import ssh
 from drills.stack.api import Capability
+from drills.stack.chunk_tiers import ChunkTier, FileTier, RedisTier
 from drills.stack.compose_project import ComposeProject, compose_services, compose_specs
 from drills.stack.containers import ContainerExit, RunningContainer, _follow_logs, _stop_container
 from drills.stack.mooncake import MooncakeStack, segments_by_service
@@ -59,6 +60,7 @@ from drills.stack.process import (
     StackError,
     _alive,
     group_members,
+    health_problem,
     leader_runs,
     remove_shm_of,
     terminate_group,
@@ -746,7 +748,8 @@ class AttachRuntime:
                           for name, s in self.stack_file.services.items()}
         self.journal.append("stack.prepared", ref=self.ref, topology=self.stack_file.topology,
                             stack_file=str(self.stack_path), stack=self.stack_file.model_dump(mode="json"),
-                            l2_dir=str(self.stack_file.l2_dir) if self.stack_file.l2_dir else None)
+                            l2_dir=str(self.stack_file.l2_dir) if self.stack_file.l2_dir else None,
+                            l2_redis_url=self.stack_file.l2_redis_url)
 
     async def up(self) -> None:
         """Find every declared service, check its pid runs the declared command line and that it is healthy
@@ -797,12 +800,8 @@ class AttachRuntime:
             self.journal.append("service.log_command_stopped", **self.log_commands.pop(name).stop())
 
     async def _health(self, name: str) -> dict[str, str]:
-        url = self.stack_file.health_url(name)
-        try:
-            r = await self.http.get(url, timeout=10)
-            return {} if r.status_code == 200 else {name: f"health {url} answered {r.status_code}"}
-        except httpx.HTTPError as exc:
-            return {name: f"health {url}: {type(exc).__name__}: {exc}"}
+        why = await health_problem(self.stack_file.health_url(name), self.http, timeout=10)
+        return {} if why is None else {name: why}
 
     def _link_logs(self) -> None:
         """The declared logs, under the run's logs/ (symlinks), where reports and the log checks look."""
@@ -914,18 +913,26 @@ class AttachedStack(AttachRuntime, SandboxStack):
 
     @classmethod
     def topology_capabilities(cls, f: StackFile) -> dict[Capability, str | None]:
-        return {Capability.CHUNK_FILES: None if f.l2_dir is not None else
-                "its lmcache service declares no L2; add `l2: {adapter: fs, path: ...}` to it",
+        return {Capability.CHUNK_FILES: None if f.l2_dir is not None or f.l2_redis_url is not None else
+                "its lmcache service declares no L2; add `l2: {adapter: fs, path: ...}` (or `{adapter: resp, "
+                "service: redis}` with a redis service) to it",
                 Capability.STORE_MASTER: "it runs no Mooncake store (topology lmcache-mp)"}
 
     def _close_store_probe(self) -> None:
         SandboxStack._close_store_probe(self)
 
+    def chunk_tier(self) -> ChunkTier:
+        """The L2 the stack file declares: its fs directory, or the Redis its lmcache service stores in."""
+        if self._tier is None:
+            url = self.stack_file.l2_redis_url
+            self._tier = RedisTier(url) if url is not None else FileTier(self.l2_dir)
+        return self._tier
+
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
         """With a declared L2, the sandbox's wait (every full chunk has its file). Without one (the stack file
         leaves it out, or it is on another host), warm is done when LMCache reports no store in flight or
         pending: the chunk files cannot be counted from here, and the journal says so."""
-        if self.stack_file.l2_dir is not None:
+        if self.stack_file.l2_dir is not None or self.stack_file.l2_redis_url is not None:
             return await super().wait_for_stores(token_lists, deadline_s, mark)
         deadline = time.monotonic() + deadline_s
         while True:

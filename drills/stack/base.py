@@ -8,6 +8,7 @@ client it reports through are swapped per run (:meth:`ProcessStack.bind`).
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from drills.isolation import Owned
 from drills.journal import Journal
 from drills.pins import load_pins, model_dir
 from drills.scenario import StackSpec
-from drills.stack.process import ProcessDriver, ServiceSpec, StackError
+from drills.stack.process import ProcessDriver, ServiceSpec, StackError, health_problem
 
 # vLLM refuses to reset while blocks are held (a request or an async KV transfer still running) and
 # answers success=false, asking callers to retry; between phases that clears within seconds
@@ -68,10 +69,20 @@ class ProcessStack:
     async def down(self) -> None:
         raise NotImplementedError
 
+    @classmethod
+    def runs_service(cls, name: str, spec: Any) -> bool:
+        """Whether a service of the stack file runs for a scenario's ``stack:`` options (every one, unless
+        a stack kind says otherwise: the sandbox's Redis runs only under a Redis L2)."""
+        return True
+
     def _wanted(self, specs: dict[str, ServiceSpec]) -> dict[str, ServiceSpec]:
-        """The services this stack starts: all its topology has, less the baseline engine when no oracle
-        needs it (one vLLM fewer to start on two cores)."""
-        return specs if self.with_baseline else {n: s for n, s in specs.items() if n != "baseline"}
+        """The services this stack starts: all its topology has that its options ask for, less the baseline
+        engine when no oracle needs it (one vLLM fewer to start on two cores). A service left out is no
+        longer waited for by the others."""
+        keep = {n for n in specs if (n != "baseline" or self.with_baseline) and self.runs_service(n, getattr(self, "options", None))}
+        return {n: dataclasses.replace(s, depends_on=[d for d in s.depends_on if d in keep],
+                                       after_start=[d for d in s.after_start if d in keep])
+                for n, s in specs.items() if n in keep}
 
     @property
     def starts_now(self) -> str:
@@ -183,12 +194,8 @@ class ProcessStack:
             if svc is None or not svc.alive:
                 problems[name] = "not running"
                 continue
-            try:
-                r = await self.http.get(spec.health_url, timeout=5.0)
-                if r.status_code != 200:
-                    problems[name] = f"health {spec.health_url} answered {r.status_code}"
-            except httpx.HTTPError as exc:
-                problems[name] = f"health {spec.health_url}: {type(exc).__name__}"
+            if (why := await health_problem(spec.health_url, self.http, timeout=5.0)) is not None:
+                problems[name] = why
         return problems
 
     owned_dirs: list[Path] = []  # directories the stack created outside its run directory (a compose volume)

@@ -108,13 +108,17 @@ def _check_started(stack: StackFile, result: CheckResult) -> None:
 async def _check_running(stack: StackFile, result: CheckResult) -> None:
     from drills.stack import ssh
     from drills.stack.attach import cmdline_of, find_container, read_pid, read_remote_pid
-    from drills.stack.process import StackError
+    from drills.stack.process import StackError, health_problem
 
     async with httpx.AsyncClient() as http:
         for name, svc in stack.services.items():
             seen: dict[str, Any] = {"url": svc.url, "local": is_loopback(svc.host)}
             health = stack.health_url(name)
-            code, _, err = await _get(http, health)
+            if name == "redis":  # no HTTP: PING
+                err = await health_problem(health, http, timeout=10)
+                code = 200 if err is None else None
+            else:
+                code, _, err = await _get(http, health)
             seen["health"] = err or code
             if code != 200:
                 result.problems.append(f"{name}: health {health} " + (err or f"answered {code}"))

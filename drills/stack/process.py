@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
+import redis.asyncio
 import structlog
 
 from drills.journal import Journal
@@ -43,6 +45,24 @@ class ServiceStartError(StackError):
     def __init__(self, message: str, service: str, returncode: int | None, waited_s: float) -> None:
         super().__init__(message)
         self.service, self.returncode, self.waited_s = service, returncode, waited_s
+
+
+async def health_problem(url: str, http: httpx.AsyncClient, timeout: float = 2.0) -> str | None:
+    """None when a service answers its health check: HTTP 200 on its health URL, or PONG from a Redis
+    (``redis://``: it speaks no HTTP). Otherwise what it answered, or why nothing came."""
+    if url.startswith("redis://"):
+        client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            return None if await client.ping() else f"health {url}: no PONG"
+        except (redis.RedisError, OSError) as exc:
+            return f"health {url}: {type(exc).__name__}: {exc}"
+        finally:
+            await client.aclose()
+    try:
+        r = await http.get(url, timeout=timeout)
+        return None if r.status_code == 200 else f"health {url} answered {r.status_code}"
+    except httpx.HTTPError as exc:
+        return f"health {url}: {type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -306,12 +326,8 @@ class ServiceDriver(ABC):
             if not await asyncio.to_thread(lambda: svc.alive):
                 raise self._start_failed(svc, f"{svc.spec.name} exited with code {svc.popen.returncode} before "
                                               f"becoming healthy")
-            try:
-                r = await http.get(svc.spec.health_url, timeout=2.0)
-                if r.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+            if await health_problem(svc.spec.health_url, http) is None:
+                break
             if time.monotonic() > deadline:
                 raise self._start_failed(svc, f"{svc.spec.name} not healthy at {svc.spec.health_url} within "
                                               f"{svc.spec.startup_deadline:.0f}s")

@@ -33,6 +33,7 @@ from drills.scenario import StackSpec
 from drills.shipped import COMPOSE
 from drills.stack.api import Capability
 from drills.stack.base import SERVED_MODEL, TOXIPROXY_TOKEN, ProcessStack
+from drills.stack.chunk_tiers import ChunkTier, FileTier, RedisTier
 from drills.stack.diskfs import RunFilesystem
 from drills.stack.faultfs import FaultFs
 from drills.stack.process import ServiceSpec, StackError
@@ -53,10 +54,14 @@ def free_port() -> int:
 
 def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
     """A built-in stack file (the public format, runtime processes or compose) with its {placeholders} filled for one run,
-    then validated as any stack file is. An argv word that renders empty is left out."""
+    then validated as any stack file is. An argv word that renders empty is left out; a value that is one
+    placeholder alone takes the variable as it is (a mapping such as the L2's)."""
     doc = YAML(typ="safe", pure=True).load(read_text_limited(path, MAX_COMPOSE_FILE_BYTES, "stack file"))
 
     def fill(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("{") and value.endswith("}") and \
+                isinstance(variables.get(value[1:-1]), dict):
+            return variables[value[1:-1]]
         if isinstance(value, str):
             return value.format(**variables)
         if isinstance(value, list):
@@ -127,6 +132,18 @@ def write_toxiproxy_config(directory: Path, proxies: list[dict[str, Any]]) -> Pa
     return path
 
 
+def write_redis_config(directory: Path) -> Path:
+    """The run's Redis config: persistence off (a restart loses the KV, as most cache deployments run it), no
+    background saves competing with the drill for two cores. Bind address, port and directory are on its
+    command line, where the stack file shows them. A file rather than flags because ``save ""`` needs an
+    empty argument, which a stack file's argv leaves out."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "redis.conf"
+    path.write_text('# written by kvdrill for one run (drills/stack/sandbox.py)\nsave ""\nappendonly no\n'
+                    "protected-mode yes\ndaemonize no\nlogfile \"\"\n")
+    return path
+
+
 def toxiproxy_listen_hosts(proxies: list[dict[str, Any]]) -> str:
     """The hosts the stack's own proxies listen on: the only ones its Toxiproxy lets a proxy use."""
     return ",".join(sorted({p["listen"].rpartition(":")[0] for p in proxies}))
@@ -172,7 +189,7 @@ class ChunkFile:
     prompt_id: int
     chunk: int
     chunk_hash: str
-    path: Path | None
+    path: str | None  # where the L2 holds it: a file's path, or a Redis key (None: not stored)
 
 
 class SandboxStack(ProcessStack):
@@ -194,6 +211,10 @@ class SandboxStack(ProcessStack):
         """Where the L2 directory will be for a run in ``run_dir`` and a directory the stack creates for it
         outside ``run_dir`` (None: none), known before it starts."""
         return run_dir / "stack" / "l2", None
+
+    @classmethod
+    def runs_service(cls, name: str, spec: StackSpec) -> bool:
+        return name != "redis" or spec.lmcache.l2_adapter == "resp"
 
     @classmethod
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
@@ -221,7 +242,8 @@ class SandboxStack(ProcessStack):
         self._hash_memo: dict[tuple[int, ...], list[str]] = {}  # prompt token ids -> LMCache chunk hashes
         self._probe: StoreProbe | None = None  # made on first use; its inotify watch is closed at down
         self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline", "toxiproxy",
-                                               "lmcache_proxy")}
+                                               "lmcache_proxy", "redis")}
+        self._tier: ChunkTier | None = None
 
     @classmethod
     def attach(cls, state: dict[str, Any], journal: Journal, http: httpx.AsyncClient) -> SandboxStack:
@@ -248,7 +270,12 @@ class SandboxStack(ProcessStack):
         self.l2_dir.mkdir(parents=True, exist_ok=True)
         if lm.l2_fs is not None and self.l2_fs is None:
             self._mount_l2(lm.l2_fs)
-        adapter: dict[str, Any] = {"type": "fs", "base_path": str(self.l2_dir)}
+        if lm.l2_adapter == "resp":
+            # a Redis the run starts on loopback (the stack file's `redis` service), persistence off
+            write_redis_config(self.run_dir / "stack" / "redis")
+            adapter: dict[str, Any] = {"type": "resp", "host": "127.0.0.1", "port": self.ports["redis"]}
+        else:
+            adapter = {"type": "fs", "base_path": str(self.l2_dir)}
         if lm.l2_serde == "aesgcm":
             key = self.run_dir / "stack" / "aesgcm.key"
             key.write_bytes(os.urandom(32))
@@ -282,6 +309,8 @@ class SandboxStack(ProcessStack):
             "l2_adapter": json.dumps(adapter),
             "prompt_embeds_flag": "--enable-prompt-embeds" if eng.prompt_embeds else "--no-enable-prompt-embeds",
             "kv_transfer_config": json.dumps(kv_transfer), "l2_dir": self.l2_dir,
+            "redis_dir": self.run_dir / "stack" / "redis", "redis_conf": self.run_dir / "stack" / "redis" / "redis.conf",
+            "l2_spec": self.l2_spec(),
         }
         self._variables = variables
         self.specs = self._wanted(render_services(COMPOSE_FILE, variables))
@@ -345,6 +374,8 @@ class SandboxStack(ProcessStack):
     # --- endpoints ---------------------------------------------------------------------------------
 
     def url(self, name: str) -> str:
+        if name == "redis":
+            return self.redis_url
         port = {"lmcache": self.ports["lmcache_http"], "engine": self.ports["engine"],
                 "baseline": self.ports["baseline"], "toxiproxy": self.ports["toxiproxy"]}[name]
         return f"http://127.0.0.1:{port}"
@@ -360,7 +391,9 @@ class SandboxStack(ProcessStack):
     def store_probe(self) -> StoreProbe:
         """One probe per stack: a trigger and the landing probe after its fault read one inotify stream."""
         if self._probe is None:
-            self._probe = StoreProbe(l2_dir=self.l2_dir, status=self.lmcache_status)
+            # inotify sees the fs adapter's stores; with Redis the store controller's counters alone
+            fs = self.options.lmcache.l2_adapter == "fs"
+            self._probe = StoreProbe(l2_dir=self.l2_dir if fs else None, status=self.lmcache_status)
         return self._probe
 
     def _close_store_probe(self) -> None:
@@ -375,21 +408,27 @@ class SandboxStack(ProcessStack):
         return leak_counts(await self.lmcache_status())
 
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
-        """Warm is done when LMCache has no store in flight and every full chunk has its L2 file."""
-        expected = [c for row in await asyncio.to_thread(self.chunk_files, token_lists) for c in row]  # off the loop
+        """Warm is done when LMCache has no store in flight and every full chunk is in the L2."""
+        expected = [h for row in await asyncio.to_thread(self.chunk_hashes, token_lists) for h in row]  # off the loop
+        tier = self.chunk_tier()
         deadline = time.monotonic() + deadline_s
         while True:
             status = await self.lmcache_status()
             ctl = status.get("storage_manager", {}).get("store_controller", {})
-            missing = [c for c in expected if self.l2_file(c.chunk_hash) is None]
+            found = await asyncio.to_thread(tier.locate, expected)
+            missing = [h for h in expected if h not in found]
             if not missing and ctl.get("in_flight_task_count", 0) == 0 and ctl.get("pending_keys_count", 0) == 0:
                 break
             if time.monotonic() > deadline:
+                where = "chunk files missing from " + str(self.l2_dir) if tier.kind == "fs" else \
+                    f"chunks missing from the Redis L2 ({tier.describe()['store_url']})"
                 raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: {len(missing)} of "
-                                 f"{len(expected)} chunk files missing from {self.l2_dir}")
+                                 f"{len(expected)} {where}")
             await asyncio.sleep(0.5)
-        files = sorted({str(self.l2_file(c.chunk_hash).name) for c in expected})
-        return {"chunks": len(expected), "files": files, "bytes": sum((self.l2_dir / f).stat().st_size for f in files)}
+        refs = sorted(set(found.values()))
+        sizes = await asyncio.to_thread(lambda: [len(tier.read(r) or b"") for r in refs])
+        names = [r.rpartition("/")[2] for r in refs]
+        return {"chunks": len(expected), ("files" if tier.kind == "fs" else "keys"): names, "bytes": sum(sizes)}
 
     repairable = True
 
@@ -406,23 +445,12 @@ class SandboxStack(ProcessStack):
         files of earlier drills in the L2 (a run-owned L2 filesystem is small, and earlier drills' files
         would fill it). Their prompts came from other seeds, so no key of the next drill is touched."""
         cleared = await self.clear_l1()
-        return {"l1": cleared, **self._remove_l2_files("*.data")}
-
-    def _remove_l2_files(self, pattern: str) -> dict[str, int]:
-        removed, freed = 0, 0
-        for f in self.l2_dir.glob(pattern):
-            try:
-                freed += f.stat().st_size
-                f.unlink()
-                removed += 1
-            except FileNotFoundError:
-                pass
-        return {"l2_files_removed": removed, "l2_bytes_freed": freed}
+        return {"l1": cleared, **await asyncio.to_thread(self.chunk_tier().remove)}
 
     async def drop_salted(self, salt_prefix: str, deadline_s: float = 60.0, clear_l1: bool = True) -> dict[str, Any]:
         """After the salted oracle: once LMCache has no store in flight, empty L1 (before the warm-up it
         holds nothing else: a fresh stack is empty and a reused one was cleared for this drill) and delete
-        the L2 files of those salts. Left in place they would double the L2 bytes a drill writes (a disk
+        the L2 entries of those salts. Left in place they would double the L2 bytes a drill writes (a disk
         drill's small filesystem fills) and keep L1 busy with chunks no drill request can hit. LMCache has
         no per-key delete in L1, so a wave sent after the warm-up (``clear_l1`` False) leaves its salted
         chunks there, where no unsalted request can hit them."""
@@ -434,7 +462,7 @@ class SandboxStack(ProcessStack):
                 break
             await asyncio.sleep(0.25)
         cleared = await self.clear_l1() if clear_l1 else "kept (the drill's own chunks are in it)"
-        return {"stores_idle": idle, "l1": cleared, **self._remove_l2_files(f"*@{salt_prefix}*.data")}
+        return {"stores_idle": idle, "l1": cleared, **await asyncio.to_thread(self.chunk_tier().remove, salt_prefix)}
 
     async def clear_l1(self) -> dict[str, Any]:
         r = await self.http.post(f"{self.url('lmcache')}/cache/clear", json={"force": False}, timeout=30)
@@ -472,14 +500,32 @@ class SandboxStack(ProcessStack):
             raise StackError(f"LMCache token hasher failed: {proc.stderr[-2000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])["hashes"]
 
-    def l2_file(self, chunk_hash: str) -> Path | None:
-        """The fs-L2 file of a chunk as the drill's (unsalted) traffic stores it: ``<model>@<kv_rank>@<group>@
-        <hash>.data``. The salted oracle's copy of the same chunk (``...@<hash>@<salt>.data``, same hash)
-        is never it: warm-up must not count it as stored, nor a fault corrupt it instead."""
-        matches = sorted(self.l2_dir.glob(f"*@{chunk_hash}.data"))
-        return matches[0] if matches else None
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports['redis']}"
+
+    def l2_spec(self) -> dict[str, Any]:
+        """The lmcache service's ``l2:`` in the stack file: the fs directory, or the run's `redis` service."""
+        lm = self.options.lmcache
+        if lm.l2_adapter == "resp":
+            return {"adapter": "resp", "service": "redis", "serde": lm.l2_serde}
+        return {"adapter": "fs", "path": str(self.l2_dir), "serde": lm.l2_serde}
+
+    def chunk_tier(self) -> ChunkTier:
+        """The L2 as kv_corrupt and the warm-up reach it: the fs directory, or the Redis the run started."""
+        if self._tier is None:
+            self._tier = RedisTier(self.redis_url) if self.options.lmcache.l2_adapter == "resp" else FileTier(self.l2_dir)
+        return self._tier
+
+    def l2_file(self, chunk_hash: str) -> str | None:
+        """Where the L2 holds a chunk as the drill's (unsalted) traffic stores it: the fs file
+        ``<model>@<kv_rank>@<group>@<hash>.data`` or the Redis key ``<model>@<kv_rank>@<group>@<hash>``. The
+        salted oracle's copy of the same chunk (same hash, then ``@<salt>``) is never it: warm-up must not count
+        it as stored, nor a fault corrupt it instead."""
+        return self.chunk_tier().locate([chunk_hash]).get(chunk_hash)
 
     def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:
         hashes = self.chunk_hashes(token_lists)
-        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=h, path=self.l2_file(h)) for c, h in enumerate(row)]
+        found = self.chunk_tier().locate([h for row in hashes for h in row])
+        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=h, path=found.get(h)) for c, h in enumerate(row)]
                 for p, row in enumerate(hashes)]

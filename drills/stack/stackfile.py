@@ -48,16 +48,17 @@ from drills.inputs import MAX_STACK_FILE_BYTES, InputFileError, read_limited
 Topology = Literal["lmcache-mp", "lmcache-mooncake"]
 # the roles each topology has, the ones it must have, and how a contributor is named
 ROLES: dict[str, tuple[str, ...]] = {
-    "lmcache-mp": ("engine", "lmcache", "baseline", "toxiproxy"),
+    "lmcache-mp": ("engine", "lmcache", "baseline", "toxiproxy", "redis"),
     "lmcache-mooncake": ("engine", "mooncake-master", "store-<name>", "baseline", "toxiproxy"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {"lmcache-mp": ("engine", "lmcache"),
                                         "lmcache-mooncake": ("engine", "mooncake-master")}
 CONTRIBUTOR = re.compile(r"^store-[a-z0-9][a-z0-9-]{0,30}$")
 HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version",
-          "mooncake-master": "/health"}  # a contributor (store-*): /health on its --http_port
+          "mooncake-master": "/health", "redis": ""}  # a contributor (store-*): /health on its --http_port;
+# redis: PING on its redis:// URL (drills/stack/process.py, answers_health)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-_ALL_ROLES = ("engine", "lmcache", "baseline", "toxiproxy", "mooncake-master")
+_ALL_ROLES = ("engine", "lmcache", "baseline", "toxiproxy", "mooncake-master", "redis")
 
 
 def is_contributor(role: str) -> bool:
@@ -256,11 +257,23 @@ class ComposeSpec(_Strict):
 
 
 class L2Spec(_Strict):
-    adapter: Literal["fs"] = Field("fs", description="the LMCache MP server's L2 adapter (fs: one file per chunk)")
-    path: str = Field(description="the adapter's base_path on this host (a relative path is relative to the stack "
-                                  "file, as a compose file's bind mount is to the compose file)")
-    serde: Literal["none", "aesgcm"] = Field("none", description="the adapter's serde (aesgcm: every chunk file "
+    adapter: Literal["fs", "resp"] = Field("fs", description=(
+        "the LMCache MP server's L2 adapter: fs (one file per chunk, under path) or resp (one Redis/Valkey value "
+        "per chunk, in the stack's `redis` service)"))
+    path: str | None = Field(None, description="fs: the adapter's base_path on this host (a relative path is relative "
+                                               "to the stack file, as a compose file's bind mount is to the compose "
+                                               "file)")
+    service: Literal["redis"] | None = Field(None, description="resp: the role of the Redis it stores in (redis)")
+    serde: Literal["none", "aesgcm"] = Field("none", description="the adapter's serde (aesgcm: every chunk "
                                                                   "authenticated)")
+
+    @model_validator(mode="after")
+    def _where(self) -> L2Spec:
+        if self.adapter == "fs" and (self.path is None or self.service is not None):
+            raise ValueError("adapter fs keeps its chunks in files: give path: (its base_path), not service:")
+        if self.adapter == "resp" and (self.service is None or self.path is not None):
+            raise ValueError("adapter resp keeps its chunks in a Redis: give service: redis, not path:")
+        return self
 
 
 class Service(_Strict):
@@ -327,8 +340,15 @@ class Service(_Strict):
     @classmethod
     def _http(cls, v: str) -> str:
         parts = urlsplit(v)
+        if parts.scheme == "redis":
+            from drills.stack.chunk_tiers import redis_url_problem
+
+            if (why := redis_url_problem(v)) is not None:
+                raise ValueError(why)
+            return v
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
-            raise ValueError("expected a base URL such as http://127.0.0.1:8000 (scheme, host and port, no path)")
+            raise ValueError("expected a base URL such as http://127.0.0.1:8000 (scheme, host and port, no path; "
+                             "redis://HOST:PORT for the redis role)")
         return v.rstrip("/")
 
     @property
@@ -382,6 +402,12 @@ class StackFile(_Strict):
                                  "already follows through its engine; leave log_command out")
             if role != "lmcache" and svc.l2 is not None:
                 raise ValueError(f"services.{role}.l2: only the lmcache service has an L2")
+            if (role == "redis") != svc.url.startswith("redis://"):
+                raise ValueError(f"services.{role}.url: " + ("the redis role is reached at redis://HOST:PORT" if role ==
+                                 "redis" else "only the redis role has a redis:// URL"))
+            if role == "redis" and (svc.health is not None or "metrics" in svc.model_fields_set and svc.metrics):
+                raise ValueError("services.redis: Redis speaks no HTTP; kvdrill checks it with PING, so leave health "
+                                 "and metrics out")
             if "chunk_size" in svc.model_fields_set and role != "lmcache" and not (
                     role == "engine" and self.topology == "lmcache-mooncake"):
                 raise ValueError(f"services.{role}.chunk_size: only the lmcache server's (lmcache-mp) or the engine's "
@@ -428,6 +454,9 @@ class StackFile(_Strict):
                              f"{', '.join(allowed)}" + (" (or set topology: lmcache-mooncake)" if any(
                                  r == "mooncake-master" or is_contributor(r) for r in stray) else ""))
         missing = [r for r in REQUIRED[self.topology] if r not in self.services]
+        lm = self.services.get("lmcache")
+        if lm is not None and lm.l2 is not None and lm.l2.service is not None and lm.l2.service not in self.services:
+            missing.append(f"the {lm.l2.service} service its l2: names")
         if self.topology == "lmcache-mooncake" and not self.contributors:
             missing.append("a contributor store-<name>")
         if missing:
@@ -538,8 +567,17 @@ class StackFile(_Strict):
 
     @property
     def l2_dir(self) -> Path | None:
+        """An fs L2's directory (None: no L2 declared, or one in Redis)."""
         lm = self.services.get("lmcache")
-        return Path(lm.l2.path) if lm is not None and lm.l2 is not None else None
+        return Path(lm.l2.path) if lm is not None and lm.l2 is not None and lm.l2.path is not None else None
+
+    @property
+    def l2_redis_url(self) -> str | None:
+        """A resp L2's Redis, as its ``redis`` service names it (None: no L2 declared, or one in files)."""
+        lm = self.services.get("lmcache")
+        if lm is None or lm.l2 is None or lm.l2.service is None:
+            return None
+        return self.services[lm.l2.service].url
 
 
 def _wildcard(address: str) -> str:
@@ -602,7 +640,7 @@ def resolved_against(stack: StackFile, base: Path) -> StackFile:
             f if Path(f).is_absolute() else os.path.normpath(base / f) for f in stack.compose.files]})
     for role, svc in stack.services.items():
         update: dict[str, Any] = {}
-        if svc.l2 is not None and not Path(svc.l2.path).is_absolute():
+        if svc.l2 is not None and svc.l2.path is not None and not Path(svc.l2.path).is_absolute():
             update["l2"] = svc.l2.model_copy(update={"path": os.path.normpath(base / svc.l2.path)})
         if svc.token_file and not Path(svc.token_file).is_absolute():
             update["token_file"] = os.path.normpath(base / svc.token_file)

@@ -23,7 +23,9 @@ LOCAL = YAML(typ="safe", pure=True).load(PROCESS_COMPOSE.read_text())["services"
 
 
 def test_same_services_as_the_local_process_sandbox():
-    assert set(SERVICES) == set(LOCAL)
+    # the local sandbox's Redis runs only under a Redis L2 (lmcache.l2_adapter: resp), which the container
+    # sandbox does not take yet
+    assert set(SERVICES) == set(LOCAL) - {"redis"}
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))

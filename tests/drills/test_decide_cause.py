@@ -42,7 +42,7 @@ def test_bad_expectations_are_refused():
     with pytest.raises(ValidationError, match="cause needs failing_checks"):
         Expect(verdict="fail", cause="x")
     with pytest.raises(ValidationError):
-        Expect(verdict="fail", defect="D14")
+        Expect(verdict="fail", defect="D99")
 
 
 def test_a_measured_alternative_outcome_holds_and_says_so_and_anything_else_does_not():

@@ -70,7 +70,7 @@ def test_pins_name_the_system_packages_and_the_mooncake_wheel():
     # Mooncake; the namespace + kernelnet; faultfs; loop ext4; the report.html test's headless browser;
     # the container stacks (engine, compose v1, the registry-free base image)
     assert pins.apt == ["libibverbs1", "iproute2", "nftables", "fuse3", "libfuse3-3", "e2fsprogs", "chromium",
-                        "docker.io", "docker-compose", "debootstrap", "openssh-server"]
+                        "docker.io", "docker-compose", "debootstrap", "openssh-server", "redis-server"]
     assert pins.version_of("mooncake-transfer-engine-non-cuda") == "0.3.13.post1"
 
 

@@ -13,6 +13,7 @@ import pytest
 from drills.digest import sha256_file
 from drills.journal import Journal, read_history
 from drills.scenario import StackSpec
+from drills.stack.chunk_tiers import FileTier
 from drills.stack.sandbox import ChunkFile
 from drills.workload import Prompt, PromptSet
 from injectors.base import InjectionContext, InjectionError
@@ -23,11 +24,14 @@ FILE_BYTES = 4096
 
 
 class FakeStack:
-    """Exposes what kv_corrupt uses of SandboxStack: options, l2_dir and chunk_files()."""
+    """Exposes what kv_corrupt uses of SandboxStack: options, chunk_tier() and chunk_files()."""
 
     def __init__(self, l2_dir: Path, serde: str = "none") -> None:
         self.l2_dir = l2_dir
         self.options = StackSpec.model_validate({"lmcache": {"l2_serde": serde}})
+
+    def chunk_tier(self):
+        return FileTier(self.l2_dir)
 
     def chunk_files(self, token_lists):
         rows = []
@@ -206,7 +210,7 @@ async def test_missing_file_is_an_error_not_a_no_op(world):
     run_dir, stack, prompts = world
     for f in stack.l2_dir.glob("*.data"):
         f.unlink()
-    with pytest.raises(InjectionError, match="has no file"):
+    with pytest.raises(InjectionError, match="is not in the L2"):
         await make(world, {"mode": "zero"}).plan()
 
 

@@ -198,7 +198,7 @@ def test_a_mooncake_stack_file_names_its_master_and_contributors_and_gets_the_mo
 @pytest.mark.parametrize(("text", "says"), [
     (MOONCAKE.replace("topology: lmcache-mooncake\n", ""),
      "mooncake-master, store-a, store-b is no role of a lmcache-mp stack; its roles: engine, lmcache, baseline, "
-     "toxiproxy (or set topology: lmcache-mooncake)"),
+     "toxiproxy, redis (or set topology: lmcache-mooncake)"),
     (MOONCAKE.replace("  store-a:", "  lmcache: {url: 'http://127.0.0.1:6999'}\n  store-a:"),
      "lmcache is no role of a lmcache-mooncake stack"),
     ("\n".join(ln for ln in MOONCAKE.splitlines() if "store-" not in ln and "start: {argv: [mooncake_client]" not in ln)

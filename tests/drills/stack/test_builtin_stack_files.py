@@ -25,11 +25,16 @@ def _placeholders(path: Path) -> dict[str, str]:
     return {part.split("}")[0]: f"<{part.split('}')[0]}>" for part in text.split("{")[1:] if "}" in part}
 
 
-@pytest.mark.parametrize("kind", [sandbox.SandboxStack, mooncake.MooncakeStack], ids=["sandbox", "sandbox-mooncake"])
-def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_are_the_stacks(kind, tmp_path):
-    stack = kind.from_spec(StackSpec(ref=kind.ref), tmp_path / "run", Journal(tmp_path), httpx.AsyncClient())
+@pytest.mark.parametrize(("kind", "lmcache"), [(sandbox.SandboxStack, {}), (sandbox.SandboxStack, {"l2_adapter": "resp"}),
+                                               (mooncake.MooncakeStack, {})],
+                         ids=["sandbox", "sandbox-redis-l2", "sandbox-mooncake"])
+def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_are_the_stacks(kind, lmcache, tmp_path):
+    stack = kind.from_spec(StackSpec(ref=kind.ref, lmcache=lmcache), tmp_path / "run", Journal(tmp_path),
+                           httpx.AsyncClient())
     variables = {**_placeholders(kind.topology_file), **VALID, "netns": "kvd-test",
                  **{f"port_{k}": v for k, v in stack.ports.items()}}
+    if kind is sandbox.SandboxStack:
+        variables["l2_spec"] = stack.l2_spec()
     if kind is mooncake.MooncakeStack:
         stack.netns = NetNamespace.plan()
         variables["ns_addr"] = stack.netns.ns_addr
@@ -37,6 +42,13 @@ def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_ar
     assert f.runtime == "processes" and f.name == kind.ref
     assert {n: s.url for n, s in f.services.items()} == {n: stack.url(n) for n in f.services}
     assert set(f.services["toxiproxy"].proxies) == {p["name"] for p in stack.proxies}
+    if kind is sandbox.SandboxStack:
+        # the L2 the file declares is the one kv_corrupt and the warm-up reach; Redis runs only under a Redis L2
+        resp = lmcache.get("l2_adapter") == "resp"
+        assert (f.l2_redis_url, f.l2_dir) == ((stack.redis_url, None) if resp else (None, stack.l2_dir))
+        assert stack.chunk_tier().describe() == ({"tier": "redis", "store_url": stack.redis_url} if resp else
+                                                 {"tier": "fs", "l2_dir": str(stack.l2_dir)})
+        assert kind.runs_service("redis", stack.options) is resp
 
 
 def test_a_user_written_processes_stack_file_needs_a_start_for_every_service_and_nothing_of_attach(tmp_path):

@@ -1,0 +1,181 @@
+"""Where an LMCache MP server's L2 keeps its chunks, read and written through the tier's own interface.
+
+The ``fs`` adapter keeps one file per chunk (``<model>@<kv_rank>@<group>@<chunk hash>[@<salt>].data``); the
+``resp`` adapter keeps one Redis string value per chunk under the same name without ``.data``
+(``native_connector_l2_adapter._object_key_to_string`` in LMCache 0.5.6; the value is the raw tensor bytes,
+measured: 11,796,480 B for a 256-token chunk of the sandbox model). Both are found by the chunk hash
+LMCache's own token hasher computes, so the warm-up, kv_corrupt and the stack's clean-up ask the same
+question of either tier: which entry holds this chunk, what are its bytes, put these bytes there.
+
+Redis is spoken with redis-py, the client Redis ships for Python; nothing here speaks RESP by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+from urllib.parse import urlsplit
+
+import redis
+
+# what a tier raises when it cannot be read or written (a file's OSError, a Redis refused or gone)
+TIER_ERRORS: tuple[type[Exception], ...] = (OSError, redis.RedisError)
+
+
+class ChunkTier(Protocol):
+    kind: ClassVar[str]  # "fs" | "redis": the journal's name for the tier
+    ref_field: ClassVar[str]  # the target key naming an entry ("path" for a file, "key" for a Redis key)
+
+    def describe(self) -> dict[str, Any]:
+        """What the journal records to reach this tier again (from another process, for rollback)."""
+
+    def locate(self, chunk_hashes: list[str]) -> dict[str, str]:
+        """chunk hash -> the entry the drill's (unsalted) traffic stored it under, for those stored."""
+
+    def read(self, ref: str) -> bytes | None:
+        """The entry's bytes, or None when it does not exist."""
+
+    def write(self, ref: str, data: bytes) -> None:
+        """Replace the entry's bytes (a fault's change)."""
+
+    def put_back(self, ref: str, data: bytes) -> None:
+        """Replace the entry's bytes in one step (a heal: no reader sees a half-restored chunk)."""
+
+    def delete(self, ref: str) -> None: ...
+
+    def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
+        """Remove every chunk entry (``salt_prefix``: only the salted oracle's entries of those salts)."""
+
+
+class FileTier:
+    """The fs adapter's directory."""
+
+    kind = "fs"
+    ref_field = "path"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tier": self.kind, "l2_dir": str(self.directory)}
+
+    def locate(self, chunk_hashes: list[str]) -> dict[str, str]:
+        wanted = set(chunk_hashes)
+        found: dict[str, str] = {}
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return found
+        for name in names:
+            # the salted oracle's copy (``...@<hash>@<salt>.data``) is never the drill's chunk
+            stem = name[:-5] if name.endswith(".data") else None
+            h = stem.rpartition("@")[2] if stem else None
+            if h in wanted and h not in found:
+                found[h] = str(self.directory / name)
+        return found
+
+    def read(self, ref: str) -> bytes | None:
+        try:
+            return Path(ref).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, ref: str, data: bytes) -> None:
+        # in place, as a disk or a buggy writer changes a file: the inode LMCache may hold stays the same
+        with open(ref, "r+b") as fh:
+            fh.write(data)
+            fh.truncate(len(data))
+
+    def put_back(self, ref: str, data: bytes) -> None:
+        path = Path(ref)
+        tmp = path.with_name(path.name + ".kvdrill-heal")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def delete(self, ref: str) -> None:
+        Path(ref).unlink(missing_ok=True)
+
+    def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
+        removed, freed = 0, 0
+        for f in self.directory.glob(f"*@{salt_prefix}*.data" if salt_prefix else "*.data"):
+            try:
+                freed += f.stat().st_size
+                f.unlink()
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return {"l2_files_removed": removed, "l2_bytes_freed": freed}
+
+
+class RedisTier:
+    """The resp adapter's Redis (or Valkey) database, reached at ``url`` (redis://host:port[/db])."""
+
+    kind = "redis"
+    ref_field = "key"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        # a chunk is ~12 MB: a generous timeout, but a stopped server answers at once (refused)
+        self.client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+
+    def describe(self) -> dict[str, Any]:
+        return {"tier": self.kind, "store_url": self.url}
+
+    def _keys(self, pattern: str) -> list[str]:
+        return sorted(k.decode() for k in self.client.scan_iter(match=pattern, count=1000))
+
+    def locate(self, chunk_hashes: list[str]) -> dict[str, str]:
+        wanted = set(chunk_hashes)
+        found: dict[str, str] = {}
+        for key in self._keys("*@*@*@*"):  # one pass over the database: LMCache's keys have four fields or five
+            h = key.rpartition("@")[2]  # a salted key ends in its salt, never in the chunk hash
+            if h in wanted and h not in found:
+                found[h] = key
+        return found
+
+    def read(self, ref: str) -> bytes | None:
+        return self.client.get(ref)
+
+    def write(self, ref: str, data: bytes) -> None:
+        self.client.set(ref, data)
+
+    def put_back(self, ref: str, data: bytes) -> None:
+        self.client.set(ref, data)  # SET replaces a value atomically
+
+    def delete(self, ref: str) -> None:
+        self.client.delete(ref)
+
+    def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
+        keys = self._keys(f"*@{salt_prefix}*" if salt_prefix else "*@*@*@*")
+        freed = sum(self.client.strlen(k) for k in keys)
+        if keys:
+            self.client.delete(*keys)
+        return {"l2_keys_removed": len(keys), "l2_bytes_freed": freed}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def redis_url_problem(url: Any) -> str | None:
+    """Why ``url`` is not a plain ``redis://host:port[/db]`` URL, or None."""
+    if not isinstance(url, str):
+        return f"{str(url)[:60]!r} is not a URL"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"{url[:80]!r} is not a URL ({exc})"
+    if parts.scheme != "redis" or not parts.hostname or port is None or "@" in parts.netloc or parts.query:
+        return f"{url[:80]!r}: expected redis://HOST:PORT (no user, no query)"
+    if parts.path not in ("", "/") and not parts.path[1:].isdigit():
+        return f"{url[:80]!r}: the path must be a database number"
+    return None
+
+
+def tier_of(record: dict[str, Any]) -> ChunkTier:
+    """The tier a journal record names (``describe()``'s output, or an undo entry carrying it). A record
+    without ``tier`` was written before Redis was a tier: a file."""
+    if record.get("tier", "fs") == "redis":
+        return RedisTier(record["store_url"])
+    return FileTier(Path(record.get("l2_dir") or Path(record["path"]).parent))

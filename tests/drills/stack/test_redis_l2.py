@@ -1,0 +1,59 @@
+"""A Redis L2 in stack files and scenarios: the `redis` role, `l2: {adapter: resp, service: redis}`, and the
+scenario option that starts one on the sandbox; each wrong combination is refused with file:line and why."""
+
+from __future__ import annotations
+
+import pytest
+
+from drills.scenario import StackSpec
+from drills.stack.stackfile import StackFileError, load_stack_file
+
+BASE = ("name: t\nserved_model: m\nservices:\n"
+        "  engine: {url: 'http://127.0.0.1:8000'}\n"
+        "  lmcache: {url: 'http://127.0.0.1:6999', l2: {adapter: resp, service: redis}}\n"
+        "  redis: {url: 'redis://127.0.0.1:6379'}\n")
+
+
+def _load(tmp_path, text: str):
+    path = tmp_path / "stack.yaml"
+    path.write_text(text)
+    return load_stack_file(path)
+
+
+def test_a_resp_l2_names_the_redis_service_it_stores_in(tmp_path):
+    f = _load(tmp_path, BASE)
+    assert f.l2_redis_url == "redis://127.0.0.1:6379" and f.l2_dir is None
+    assert f.health_url("redis") == "redis://127.0.0.1:6379"  # PINGed (drills/stack/process.py, health_problem)
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    ("l2: {adapter: resp, service: redis}", "l2: {adapter: resp, path: /srv/l2}",
+     "adapter resp keeps its chunks in a Redis: give service: redis"),
+    ("l2: {adapter: resp, service: redis}", "l2: {adapter: fs, service: redis}",
+     "adapter fs keeps its chunks in files: give path:"),
+    ("l2: {adapter: resp, service: redis}", "l2: {adapter: valkey, service: redis}",
+     "'valkey' is not allowed; allowed values: 'fs', 'resp'"),
+    ("  redis: {url: 'redis://127.0.0.1:6379'}\n", "", "the redis service its l2: names missing"),
+    ("redis: {url: 'redis://127.0.0.1:6379'}", "redis: {url: 'http://127.0.0.1:6379'}",
+     "the redis role is reached at redis://HOST:PORT"),
+    ("engine: {url: 'http://127.0.0.1:8000'}", "engine: {url: 'redis://127.0.0.1:8000'}",
+     "only the redis role has a redis:// URL"),
+    ("redis: {url: 'redis://127.0.0.1:6379'}", "redis: {url: 'redis://127.0.0.1:6379', health: /ping}",
+     "Redis speaks no HTTP"),
+    ("redis: {url: 'redis://127.0.0.1:6379'}", "redis: {url: 'redis://me:pw@127.0.0.1:6379'}",
+     "expected redis://HOST:PORT (no user, no query)"),
+])
+def test_a_wrong_redis_l2_is_refused_with_its_line_and_why(tmp_path, old, new, says):
+    with pytest.raises(StackFileError) as err:
+        _load(tmp_path, BASE.replace(old, new))
+    assert says in str(err.value) and f"{tmp_path / 'stack.yaml'}:" in str(err.value)
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ({"ref": "sandbox-docker", "lmcache": {"l2_adapter": "resp"}}, "runs on stack.ref: sandbox only"),
+    ({"lmcache": {"l2_adapter": "resp", "l2_fs": {"kind": "tmpfs"}}}, "with l2_adapter: resp the L2 is a Redis"),
+])
+def test_the_sandbox_redis_l2_refuses_what_it_cannot_run(spec, says):
+    with pytest.raises(ValueError, match=says):
+        StackSpec.model_validate(spec)
+    assert StackSpec.model_validate({"lmcache": {"l2_adapter": "resp"}}).lmcache.l2_adapter == "resp"
