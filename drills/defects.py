@@ -45,4 +45,7 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
            "LMCache in-process (LMCacheConnectorV1)", ("oracle",)),
     Defect("D14", "the Redis (resp) L2 serves a zeroed value silently (hit reported, output wrong)",
            "LMCache MP server, resp L2 on Redis", ("correctness", "hit_rate")),
+    Defect("D15", "after a Redis restart the resp L2 client never reconnects: every lookup misses and every store "
+                  "fails, though Redis kept the KV and /status reports the adapter healthy",
+           "LMCache MP server, resp L2 on Redis", ("hit_rate", "logs")),
 )}

@@ -39,7 +39,7 @@ from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13",
-                   "D14"]
+                   "D14", "D15"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
                     "score", "production"]
 OracleSource = Literal["salted", "baseline", "both"]
@@ -74,6 +74,9 @@ class LMCacheOptions(_Strict):
     l2_adapter: Literal["fs", "resp"] = Field(
         "fs", description="the L2 tier: 'fs' (one file per chunk in the run's L2 directory) or 'resp' (one value per "
                           "chunk in a Redis the run starts on loopback, persistence off: LMCache's Redis/Valkey L2)")
+    redis_persistence: Literal["off", "aof"] = Field(
+        "off", description="l2_adapter resp: 'off' (a Redis restart loses the KV) or 'aof' (appendonly, fsync on "
+                           "every write: a restart keeps every stored chunk)")
     l2_serde: Literal["none", "aesgcm"] = Field(
         "none", description="L2 serde: 'none' stores raw tensor bytes, 'aesgcm' authenticates each chunk")
     l1_read_ttl: Duration = Field(20.0, description="read-lock TTL (short, so leaked locks show up quickly)")
@@ -94,6 +97,8 @@ class LMCacheOptions(_Strict):
 
     @model_validator(mode="after")
     def _fs_for_filesystems(self) -> LMCacheOptions:
+        if self.l2_adapter != "resp" and self.redis_persistence != "off":
+            raise ValueError("redis_persistence configures the Redis of l2_adapter: resp; set l2_adapter: resp")
         if self.l2_adapter == "resp" and self.l2_fs is not None:
             raise ValueError("l2_fs mounts a filesystem under the fs L2's directory; with l2_adapter: resp the L2 is a "
                              "Redis, so leave l2_fs out (or use l2_adapter: fs for the disk faults)")

@@ -42,7 +42,8 @@ def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
         "kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); fs-L2 chunk = [layers][2 blocks][64 K^T rows + 64 V rows][kv heads][128]",
         "lmcache_transfer_mode": stack.lmcache.transfer_mode,
         "l2": {"adapter": stack.lmcache.l2_adapter, "serde": stack.lmcache.l2_serde,
-               **({"redis_server": redis_server_version()} if stack.lmcache.l2_adapter == "resp" else {})},
+               **({"redis_server": redis_server_version(), "redis_persistence": stack.lmcache.redis_persistence}
+                  if stack.lmcache.l2_adapter == "resp" else {})},
         "prefix_caching": stack.engine.prefix_caching,
     }
 

@@ -132,15 +132,17 @@ def write_toxiproxy_config(directory: Path, proxies: list[dict[str, Any]]) -> Pa
     return path
 
 
-def write_redis_config(directory: Path) -> Path:
-    """The run's Redis config: persistence off (a restart loses the KV, as most cache deployments run it), no
-    background saves competing with the drill for two cores. Bind address, port and directory are on its
-    command line, where the stack file shows them. A file rather than flags because ``save ""`` needs an
-    empty argument, which a stack file's argv leaves out."""
+def write_redis_config(directory: Path, persistence: str = "off") -> Path:
+    """The run's Redis config. ``off``: no snapshots, no append-only file (a restart loses the KV, as most cache
+    deployments run it, and no background save competes with the drill for two cores). ``aof``: every write
+    appended and fsynced before it is acknowledged, so a restart keeps every stored chunk. Bind address, port
+    and directory are on its command line, where the stack file shows them. A file rather than flags because
+    ``save ""`` needs an empty argument, which a stack file's argv leaves out."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "redis.conf"
-    path.write_text('# written by kvdrill for one run (drills/stack/sandbox.py)\nsave ""\nappendonly no\n'
-                    "protected-mode yes\ndaemonize no\nlogfile \"\"\n")
+    persist = "appendonly yes\nappendfsync always\n" if persistence == "aof" else "appendonly no\n"
+    path.write_text(f'# written by kvdrill for one run (drills/stack/sandbox.py), persistence {persistence}\n'
+                    f'save ""\n{persist}protected-mode yes\ndaemonize no\nlogfile ""\n')
     return path
 
 
@@ -272,7 +274,7 @@ class SandboxStack(ProcessStack):
             self._mount_l2(lm.l2_fs)
         if lm.l2_adapter == "resp":
             # a Redis the run starts on loopback (the stack file's `redis` service), persistence off
-            write_redis_config(self.run_dir / "stack" / "redis")
+            write_redis_config(self.run_dir / "stack" / "redis", lm.redis_persistence)
             adapter: dict[str, Any] = {"type": "resp", "host": "127.0.0.1", "port": self.ports["redis"]}
         else:
             adapter = {"type": "fs", "base_path": str(self.l2_dir)}

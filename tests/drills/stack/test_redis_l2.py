@@ -57,3 +57,14 @@ def test_the_sandbox_redis_l2_refuses_what_it_cannot_run(spec, says):
     with pytest.raises(ValueError, match=says):
         StackSpec.model_validate(spec)
     assert StackSpec.model_validate({"lmcache": {"l2_adapter": "resp"}}).lmcache.l2_adapter == "resp"
+
+
+@pytest.mark.parametrize(("persistence", "lines"), [("off", ['save ""', "appendonly no"]),
+                                                    ("aof", ['save ""', "appendonly yes", "appendfsync always"])])
+def test_the_runs_redis_keeps_its_kv_across_a_restart_only_with_aof(tmp_path, persistence, lines):
+    from drills.stack.sandbox import write_redis_config
+
+    text = write_redis_config(tmp_path, persistence).read_text().splitlines()
+    assert all(line in text for line in lines) and "protected-mode yes" in text
+    with pytest.raises(ValueError, match="set l2_adapter: resp"):
+        StackSpec.model_validate({"lmcache": {"redis_persistence": "aof"}})
