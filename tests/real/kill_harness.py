@@ -2,7 +2,7 @@
 real run-owned objects and drives the real injectors' plan/inject/verify/heal over them, again and again,
 until the test SIGKILLs it.
 
-    python -m tests.real.kill_harness RUN_DIR VARIANT SEED --toxiproxy URL --chunks DIR
+    python -m tests.real.kill_harness RUN_DIR VARIANT SEED --toxiproxy URL --chunks DIR [--redis URL]
 
 It journals exactly as the runner does (``run.started``, ``fault.planned``, the injector's own
 ``fault.undo`` / ``fault.injected``, ``fault.fired``/``verified``/``healed``) and builds its stack parts
@@ -11,7 +11,9 @@ for process groups, the Mooncake stack's journaled namespace creation), so every
 drill has around an injection is here too, without minutes of vLLM start-up. What is not the run's own
 is shared with the test and outlives every kill: the Toxiproxy server (its proxies must end with no
 kvdrill toxic and enabled); the chunk files are copied into the run's own stack directory before each
-point, as a drill's L2 lives in its run, and each must end with its original sha256.
+point, as a drill's L2 lives in its run, and each must end with its original sha256. The ``kv-redis-*``
+variants corrupt the values of the test's redis-server instead (a Redis L2, ``l2_adapter: resp``): the
+harness journals it as its L2 in ``stack.prepared`` as the sandbox does, and every value must end as it was.
 
 Progress goes to RUN_DIR/harness.log, one line per step, so the test can say where each kill landed.
 """
@@ -32,6 +34,7 @@ import httpx
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
+from drills.stack.chunk_tiers import FileTier, RedisTier
 from drills.stack.netns import NetNamespace
 from drills.stack.process import ProcessDriver, ServiceSpec
 from drills.stack.sandbox import ChunkFile, SandboxStack, free_port
@@ -47,6 +50,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "kv-delete": ("kv_corrupt", {"mode": "delete", "chunk": 1}, {}),
     "kv-swap": ("kv_corrupt", {"mode": "swap", "chunk": 0, "with_chunk": 1, "prompts": [2]}, {}),
     "kv-stale": ("kv_corrupt", {"mode": "stale", "chunk": 1, "prompts": [0]}, {}),
+    "kv-redis-zero": ("kv_corrupt", {"mode": "zero", "chunk": 1}, {"redis": True}),
+    "kv-redis-bitflip": ("kv_corrupt", {"mode": "bitflip", "chunk": 0, "bits": 64, "prompts": [0, 1]}, {"redis": True}),
+    "kv-redis-swap": ("kv_corrupt", {"mode": "swap", "chunk": 0, "with_chunk": 1, "prompts": [2]}, {"redis": True}),
     "disk-fill-tmpfs": ("disk", {"mode": "fill", "percent": 70}, {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}),
     "disk-full-ext4": ("disk", {"mode": "full"}, {"l2_fs": {"kind": "ext4", "size": "16MiB"}}),
     "disk-inodes": ("disk", {"mode": "inodes"}, {"l2_fs": {"kind": "tmpfs", "size": "16MiB", "inodes": 2048}}),
@@ -80,9 +86,10 @@ TOKEN, TOKEN_FILE = "kill-campaign-token", "toxiproxy.token"  # the campaign's T
 class MiniStack:
     """The parts of a sandbox stack the injectors use, built by the sandbox's own code."""
 
-    def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient, toxiproxy: str, chunks: Path) -> None:
+    def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient, toxiproxy: str, chunks: Path,
+                 redis_url: str | None = None) -> None:
         self.run_dir, self.journal, self.http = run_dir, journal, http
-        self.options = StackSpec()
+        self.options = StackSpec(lmcache={"l2_adapter": "resp"} if redis_url else {})
         self.driver = ProcessDriver(run_dir / "logs", journal)
         self.specs: dict[str, ServiceSpec] = {}
         self.l2_dir = run_dir / "stack" / "l2"
@@ -93,6 +100,7 @@ class MiniStack:
         self.toxiproxy_token_file.parent.mkdir(parents=True, exist_ok=True)
         self.toxiproxy_token_file.write_text(TOKEN)
         self.chunks = chunks
+        self.tier = RedisTier(redis_url) if redis_url else FileTier(chunks)
         self.netns: NetNamespace | None = None
         self.netns_created = False
         self.ports = {"master_rpc": free_port()}
@@ -126,10 +134,16 @@ class MiniStack:
     async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         await self.driver.restart(self.specs[name], self.http, sig=sig, grace=min(grace, 1.0))
 
+    def chunk_tier(self):
+        return self.tier
+
     def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:
-        files = sorted(self.chunks.glob("*.data"))
-        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=f.stem, path=f)
-                 for c, f in enumerate(files[p * CHUNKS_PER_PROMPT:(p + 1) * CHUNKS_PER_PROMPT])]
+        if isinstance(self.tier, RedisTier):
+            refs = sorted(k.decode() for k in self.tier.client.scan_iter(match="*@*@*@*"))
+        else:
+            refs = [str(f) for f in sorted(self.chunks.glob("*.data"))]
+        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=ref.rpartition("@")[2], path=ref)
+                 for c, ref in enumerate(refs[p * CHUNKS_PER_PROMPT:(p + 1) * CHUNKS_PER_PROMPT])]
                 for p in range(len(token_lists))]
 
 
@@ -138,13 +152,17 @@ def step(log: Path, text: str) -> None:
         fh.write(f"{time.monotonic():.3f} {text}\n")
 
 
-async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: Path) -> None:
+async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: Path, redis_url: str | None) -> None:
     family, params, needs = VARIANTS[variant]
     log = run_dir / "harness.log"
     journal = Journal(run_dir)
     journal.append("run.started", run_id=run_dir.name, name=f"kill-{variant}", seed=seed, kvdrill_pid=None)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
-        stack = MiniStack(run_dir, journal, http, toxiproxy, chunks)
+        redis_url = redis_url if needs.get("redis") else None
+        stack = MiniStack(run_dir, journal, http, toxiproxy, chunks, redis_url)
+        if redis_url:  # the run's L2 adapter, as the sandbox journals it: rollback writes back only into it
+            port = int(redis_url.rpartition(":")[2])
+            journal.append("stack.prepared", ref="sandbox", l2_adapter={"type": "resp", "host": "127.0.0.1", "port": port})
         step(log, "setup")
         if "l2_fs" in needs:
             stack.mount_l2(needs["l2_fs"])
@@ -185,5 +203,6 @@ if __name__ == "__main__":
     ap.add_argument("seed", type=int)
     ap.add_argument("--toxiproxy", required=True)
     ap.add_argument("--chunks", type=Path, required=True)
+    ap.add_argument("--redis", default=None, help="the test's Redis, for the kv-redis-* variants")
     a = ap.parse_args()
-    asyncio.run(main(a.run_dir.resolve(), a.variant, a.seed, a.toxiproxy, a.chunks.resolve()))
+    asyncio.run(main(a.run_dir.resolve(), a.variant, a.seed, a.toxiproxy, a.chunks.resolve(), a.redis))

@@ -18,7 +18,9 @@ Design (cost matters: a full sandbox drill is minutes of vLLM start-up, so 50 of
   verdict. Variants cover every family the sandbox has: kv_corrupt (six modes), disk (fill, full, inodes,
   shrink, readonly, readonly and errno through the fault filesystem, tmpfs and ext4), network (Toxiproxy
   toxics and down; kernel bandwidth, down and loss in a namespace) and process (stop, kill, term,
-  restart). ``model`` is not here: its swap needs engines to restart; its undo is unit-tested.
+  restart) and kv_corrupt on a Redis L2 (zero, bitflip, swap: the values of a redis-server the test runs,
+  each back to its bytes after rollback). ``model`` is not here: its swap needs engines to restart; its undo
+  is unit-tested.
   The Toxiproxy server and the chunk files are the test's, shared by every point, so their state after
   rollback is the proof (a run-owned server would take its toxics with it when stopped). The chunk
   files are written by this test, not by LMCache (no engine here); the injector and rollback treat
@@ -46,9 +48,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from drills.journal import read_history
 from drills.rollback import rollback
@@ -77,6 +81,32 @@ def chunks(tmp_path_factory):
     for i in range(6):  # 3 prompts x 2 chunks, as the harness's stack reports them
         (d / f"chunk{i:02d}-{rng.getrandbits(64):016x}.data").write_bytes(rng.randbytes(64 * 1024))
     return d, {p.name: _sha(p) for p in d.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def redis_l2(tmp_path_factory):
+    """A redis-server shared by every kill point (it must outlive each kill, as a run's Redis outlives a SIGKILLed
+    kvdrill), holding 6 chunk values under keys shaped as LMCache's resp adapter names them."""
+    port = free_port()
+    proc = subprocess.Popen(["/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+    url = f"redis://127.0.0.1:{port}"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline and proc.poll() is None, "the test's redis-server did not start"
+            time.sleep(0.05)
+    rng = random.Random(SEED + 7)
+    values = {f"/models/m@01000100@0@{rng.getrandbits(128):032x}": rng.randbytes(64 * 1024) for _ in range(6)}
+    yield url, client, values
+    client.close()
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +194,7 @@ def _rollback(run: Path, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
-                       toxiproxy: str | None, where: str) -> None:
+                       toxiproxy: str | None, where: str, redis_values: tuple[Any, dict[str, bytes]] | None = None) -> None:
     first = _rollback(run)
     assert first.returncode == 0, f"{where}: rollback failed:\n{first.stdout}\n{first.stderr}"
     history = read_history(run)
@@ -183,6 +213,10 @@ def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
         assert not wrong, f"{where}: chunk files not restored: {wrong}"
     if toxiproxy is not None:
         assert not _proxy_problems(toxiproxy), f"{where}: {_proxy_problems(toxiproxy)}\n{first.stdout}"
+    if redis_values is not None:
+        client, values = redis_values
+        wrong = [k for k, v in values.items() if client.get(k) != v]
+        assert not wrong and client.dbsize() == len(values), f"{where}: Redis values not restored: {wrong}\n{first.stdout}"
     assert len(history.problems) <= 1, f"{where}: journal unreadable: {history.problems}"  # at most the torn line
     verdict = history.first("verdict")
     assert verdict is not None and verdict.data["verdict"] in ("aborted", "pass", "fail", "error"), where
@@ -191,7 +225,7 @@ def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
     assert second.ok and not second.of("undone"), f"{where}: second rollback undid {second.of('undone')}"
 
 
-def test_sigkill_campaign(tmp_path, chunks, toxiproxy):
+def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2):
     rng = random.Random(SEED)
     names = sorted(VARIANTS)
     order = [names[i % len(names)] for i in range(POINTS)]
@@ -207,10 +241,14 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy):
         # file only there (or in an L2 volume of a project the run made), never one a journal names elsewhere
         run_chunks = run / "stack" / "chunks"
         shutil.copytree(chunks[0], run_chunks)
+        on_redis = VARIANTS[variant][2].get("redis", False)
+        if on_redis:  # every point starts from the original values
+            redis_l2[1].flushdb()
+            redis_l2[1].mset(redis_l2[2])
         during_setup = rng.random() < 0.15
         delay = rng.uniform(0.0, 0.8) if during_setup else rng.uniform(0.0, 2.5)
         proc = subprocess.Popen([sys.executable, "-m", "tests.real.kill_harness", str(run), variant, str(SEED + n),
-                                 "--toxiproxy", toxiproxy, "--chunks", str(run_chunks)],
+                                 "--toxiproxy", toxiproxy, "--chunks", str(run_chunks), "--redis", redis_l2[0]],
                                 stdout=(run / "harness.out").open("w"), stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -236,7 +274,8 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy):
         record.flush()
         assert exited is None, f"harness died on its own before the kill: {point}\n{(run / 'harness.out').read_text()[-3000:]}"
         assert not any("NOT EFFECTIVE" in s for s in steps), f"{point}: an injection did not take effect: {steps[-3:]}"
-        assert_rolled_back(run, (run_chunks, chunks[1]), toxiproxy, f"kill point {point}")
+        assert_rolled_back(run, (run_chunks, chunks[1]), toxiproxy, f"kill point {point}",
+                           redis_l2[1:] if on_redis else None)
     record.close()
     print(f"{POINTS} kill points in {time.monotonic() - started:.0f}s; last step before each kill: {landed}")
     assert POINTS >= 50 or os.environ.get("KVDRILL_KILL_POINTS"), "the campaign needs at least 50 kill points"
