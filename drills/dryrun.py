@@ -110,7 +110,7 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
             else "http://127.0.0.1:<free port>", "baseline": "http://127.0.0.1:<free port>"}
     view = StackView(ref=ref, run_dir=run_dir, services=services, l2_dir=l2, owned_dirs=[volume] if volume else [],
                      l2_fs=fs.model_dump(mode="json") if fs is not None else None, netns=kind.creates_netns,
-                     model_dir=model_dir(load_pins()), proxies=tuple(kind.proxy_names), urls=urls)
+                     model_dir=model_dir(load_pins()), proxies=kind.proxies_of(sc.stack), urls=urls)
     view.urls["toxiproxy"] = view.toxiproxy_url()
     if sc.stack.lmcache.l2_adapter == "resp":
         view.l2_redis = view.urls["redis"] = "redis://127.0.0.1:<free port>"

@@ -7,7 +7,8 @@ Toxiproxy in a compose deployment. Two backends:
 * ``toxiproxy`` (default): the stack's Toxiproxy-API server (the real one, or kvdrill's asyncio server
   on CPU machines: ``drills/stack/toxiproxy_server.py``) sits on the link the stack routes through it:
   ``lmcache`` (vLLM's LMCacheMPConnector to the LMCache server's ZMQ port) on the sandbox,
-  ``mooncake-master`` (the engine's Mooncake client to the master RPC) on sandbox-mooncake.
+  ``mooncake-master`` (the engine's Mooncake client to the master RPC) on sandbox-mooncake; ``redis`` (the
+  LMCache server to its Redis L2) on a sandbox with ``lmcache.l2_adapter: resp``.
 * ``kernel``: tc/nftables inside the stack's own network namespace (``drills/stack/kernelnet.py``), for
   links a proxy cannot see: Mooncake's data plane advertises its own addresses. No latency there (this
   kernel has no sch_netem): validation says so.
@@ -114,8 +115,9 @@ class NetworkParams(BaseModel):
         return self
 
 
-def first_byte(address: str, wait: float) -> dict[str, Any]:
-    """Connect to ``host:port`` and time the first byte the server sends unprompted (ZMQ's greeting)."""
+def first_byte(address: str, wait: float, hello: bytes | None = None) -> dict[str, Any]:
+    """Connect to ``host:port`` and time the first byte the server sends unprompted (ZMQ's greeting), or the
+    first byte of its answer to ``hello`` (a server that speaks only when spoken to: Redis answers PING)."""
     host, port = address.rsplit(":", 1)
     start = time.perf_counter()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -123,6 +125,8 @@ def first_byte(address: str, wait: float) -> dict[str, Any]:
     try:
         sock.connect((host, int(port)))
         connected = time.perf_counter() - start
+        if hello:
+            sock.sendall(hello)
         data = sock.recv(64)
         return {"connect_s": round(connected, 4), "first_byte_s": round(time.perf_counter() - start, 4),
                 "bytes": len(data), "eof": not data}
@@ -335,11 +339,13 @@ class NetworkFault(Injector):
     def _measure(self, listen: str) -> dict[str, Any]:
         wait = 2.0 + max((t.attributes.get("latency", 0) + t.attributes.get("jitter", 0)) / 1000 for t in self.p.toxics) \
             if self.p.toxics else 2.0
+        # Redis greets no one: its link (the sandbox's proxy `redis`) is timed by the answer to a PING
+        hello = b"PING\r\n" if self.p.proxy == "redis" else None
         # a container stack's addresses are the containers'; it says where the host reaches them
-        through = first_byte(self.ctx.stack.host_address(listen), wait)
+        through = first_byte(self.ctx.stack.host_address(listen), wait, hello)
         if self.p.down:
             return through
-        direct = first_byte(self.ctx.stack.host_address(self.target["upstream"]), 2.0)
+        direct = first_byte(self.ctx.stack.host_address(self.target["upstream"]), 2.0, hello)
         return {"through_proxy": through, "direct": direct}
 
     async def heal(self) -> HealReport:

@@ -57,7 +57,7 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
     versions = next((e.data for e in history.of_type("versions")), None)
     reported = next((e.data for e in history.of_type("versions.reported")), {})
     if versions is None:
-        for name in ("versions", "model", "dtype", "tensor_parallel", "block_size", "chunk_size"):
+        for name in ("versions", "model", "dtype", "tensor_parallel", "block_size", "chunk_size", "l2"):
             gaps.absent(name, "the journal has no versions event (the run ended before preflight wrote it)")
         versions = {}
     checks = {c["name"]: c for c in doc["checks"]}
@@ -75,6 +75,9 @@ def run_record(doc: dict[str, Any], history: History) -> dict[str, Any]:
         "tensor_parallel": versions.get("tensor_parallel"),
         "block_size": versions.get("block_size"),
         "chunk_size": versions.get("chunk_size"),
+        # which tier "L2" is in the hit rates below (fs files, or a Redis): a hit rate is split by tier, and a tier
+        # by what it is (the versions manifest's l2: adapter, serde, the redis-server that ran)
+        "l2": versions.get("l2"),
         "effective_chunk_size": _effective_chunk(view, gaps),
         "requests": _requests(view),
         "input_tokens": _distribution([e.data.get("prompt_tokens") for e in history.of_type("request")]),

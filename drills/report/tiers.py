@@ -159,6 +159,14 @@ def for_record(view: RunView, missing: dict[str, str]) -> dict[str, dict[str, An
     return out
 
 
+def _l2_is(l2: Any) -> str:
+    """What the L2 column counts in this run, said once under the table's heading."""
+    if not isinstance(l2, dict) or not l2.get("adapter"):
+        return ""
+    what = {"fs": "files (LMCache's fs adapter)", "resp": "a Redis (LMCache's resp adapter)"}.get(l2["adapter"], l2["adapter"])
+    return f" LMCache L2 here: {what}, serde {l2.get('serde', 'none')}."
+
+
 def markdown_section(record: dict[str, Any]) -> list[str]:
     """The tier table of report.md, from the record (so report.md and record.json cannot disagree)."""
     tiers = record.get("tiers") or {}
@@ -166,7 +174,8 @@ def markdown_section(record: dict[str, Any]) -> list[str]:
         return []
     out = ["", "## Tier attribution", "",
            "Prompt tokens per phase by the tier that served them (vLLM's prefix cache = APC; LMCache L1/L2 "
-           "for what the connector loaded). `—` = cannot be attributed (reasons below); no split is guessed.", "",
+           "for what the connector loaded). `—` = cannot be attributed (reasons below); no split is guessed."
+           + _l2_is(record.get("l2")), "",
            "| phase | prompt tokens | APC | LMCache L1 | LMCache L2 | recomputed | served by | L1/L2 lookup hits |",
            "|---|---|---|---|---|---|---|---|"]
     notes = []

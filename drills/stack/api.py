@@ -111,6 +111,9 @@ class StackKind(Protocol):
     def runs_service(cls, name: str, spec: StackSpec) -> bool: ...  # a stack-file service runs for these options
 
     @classmethod
+    def proxies_of(cls, spec: StackSpec) -> tuple[str, ...]: ...  # the proxies its Toxiproxy will serve
+
+    @classmethod
     def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
         """The L2 directory a run in ``run_dir`` will have, and a directory the stack creates for it outside
         ``run_dir`` (None where there is no such thing), known before anything starts."""

@@ -70,6 +70,11 @@ class ProcessStack:
         raise NotImplementedError
 
     @classmethod
+    def proxies_of(cls, spec: Any) -> tuple[str, ...]:
+        """The proxies a run of ``spec`` will have, known before it starts (the dry run plans against them)."""
+        return tuple(cls.proxy_names)
+
+    @classmethod
     def runs_service(cls, name: str, spec: Any) -> bool:
         """Whether a service of the stack file runs for a scenario's ``stack:`` options (every one, unless
         a stack kind says otherwise: the sandbox's Redis runs only under a Redis L2)."""

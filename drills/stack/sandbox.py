@@ -244,7 +244,7 @@ class SandboxStack(ProcessStack):
         self._hash_memo: dict[tuple[int, ...], list[str]] = {}  # prompt token ids -> LMCache chunk hashes
         self._probe: StoreProbe | None = None  # made on first use; its inotify watch is closed at down
         self.ports = {k: free_port() for k in ("lmcache_zmq", "lmcache_http", "engine", "baseline", "toxiproxy",
-                                               "lmcache_proxy", "redis")}
+                                               "lmcache_proxy", "redis", "redis_proxy")}
         self._tier: ChunkTier | None = None
 
     @classmethod
@@ -275,7 +275,8 @@ class SandboxStack(ProcessStack):
         if lm.l2_adapter == "resp":
             # a Redis the run starts on loopback (the stack file's `redis` service), persistence off
             write_redis_config(self.run_dir / "stack" / "redis", lm.redis_persistence)
-            adapter: dict[str, Any] = {"type": "resp", "host": "127.0.0.1", "port": self.ports["redis"]}
+            # through the stack's Toxiproxy (proxy `redis`), so network faults can sit on the LMCache -> Redis link
+            adapter: dict[str, Any] = {"type": "resp", "host": "127.0.0.1", "port": self.ports["redis_proxy"]}
         else:
             adapter = {"type": "fs", "base_path": str(self.l2_dir)}
         if lm.l2_serde == "aesgcm":
@@ -312,7 +313,7 @@ class SandboxStack(ProcessStack):
             "prompt_embeds_flag": "--enable-prompt-embeds" if eng.prompt_embeds else "--no-enable-prompt-embeds",
             "kv_transfer_config": json.dumps(kv_transfer), "l2_dir": self.l2_dir,
             "redis_dir": self.run_dir / "stack" / "redis", "redis_conf": self.run_dir / "stack" / "redis" / "redis.conf",
-            "l2_spec": self.l2_spec(),
+            "l2_spec": self.l2_spec(), "proxy_links": self.proxy_links(),
         }
         self._variables = variables
         self.specs = self._wanted(render_services(COMPOSE_FILE, variables))
@@ -385,8 +386,22 @@ class SandboxStack(ProcessStack):
     @property
     def proxies(self) -> list[dict[str, Any]]:
         """The links the stack routes through its Toxiproxy (the network injector's `proxy:` names)."""
-        return [{"name": "lmcache", "listen": f"127.0.0.1:{self.ports['lmcache_proxy']}",
-                 "upstream": f"127.0.0.1:{self.ports['lmcache_zmq']}", "enabled": True}]
+        links = [{"name": "lmcache", "listen": f"127.0.0.1:{self.ports['lmcache_proxy']}",
+                  "upstream": f"127.0.0.1:{self.ports['lmcache_zmq']}", "enabled": True}]
+        if self.options.lmcache.l2_adapter == "resp":
+            links.append({"name": "redis", "listen": f"127.0.0.1:{self.ports['redis_proxy']}",
+                          "upstream": f"127.0.0.1:{self.ports['redis']}", "enabled": True})
+        return links
+
+    @classmethod
+    def proxies_of(cls, spec: StackSpec) -> tuple[str, ...]:
+        """The proxies a run of ``spec`` will have, known before it starts (the dry run plans against them)."""
+        return (*cls.proxy_names, *(("redis",) if spec.lmcache.l2_adapter == "resp" else ()))
+
+    def proxy_links(self) -> dict[str, str]:
+        """The stack file's ``toxiproxy.proxies``: each proxy and the link it carries."""
+        links = {"lmcache": "engine -> lmcache", "redis": "lmcache -> redis"}
+        return {p["name"]: links[p["name"]] for p in self.proxies}
 
     # --- what the runner asks of every stack ---------------------------------------------------------
 

@@ -131,12 +131,17 @@ def test_proxy_names_match_the_stacks():
     from drills.stack.mooncake import NETNS_PORTS, MooncakeStack
     from drills.stack.sandbox import SandboxStack
 
-    sandbox = object.__new__(SandboxStack)
-    sandbox.ports = {k: 1 for k in ("lmcache_proxy", "lmcache_zmq")}
+    from drills.scenario import StackSpec
+
+    for spec in (StackSpec(), StackSpec(lmcache={"l2_adapter": "resp"})):  # a Redis L2 adds the proxy `redis`
+        sandbox = object.__new__(SandboxStack)
+        sandbox.ports = {k: 1 for k in ("lmcache_proxy", "lmcache_zmq", "redis", "redis_proxy")}
+        sandbox.options = spec
+        assert tuple(p["name"] for p in sandbox.proxies) == SandboxStack.proxies_of(spec)
+    assert SandboxStack.proxies_of(StackSpec(lmcache={"l2_adapter": "resp"})) == ("lmcache", "redis")
     moon = object.__new__(MooncakeStack)
     moon.ports = dict(NETNS_PORTS)
-    assert tuple(p["name"] for p in sandbox.proxies) == SandboxStack.proxy_names
-    assert tuple(p["name"] for p in moon.proxies) == MooncakeStack.proxy_names
+    assert tuple(p["name"] for p in moon.proxies) == MooncakeStack.proxies_of(StackSpec(ref="sandbox-mooncake"))
 
 
 def test_a_real_run_of_a_refused_scenario_starts_nothing_and_reports_the_refusal(tmp_path):

@@ -29,7 +29,8 @@ def test_both_stacks_pass_the_seed_to_their_toxiproxy_server():
         names = {part.split("}")[0] for part in text.split("{")[1:]}
         variables = {name: f"<{name}>" for name in names}
         variables.update(netns="kvd-test", toxiproxy_seed=1234, startup_deadline="60s", chunk_size=256, l2_serde="none",
-                         port_redis=6379, l2_spec={"adapter": "fs", "path": "/l2"})
+                         port_redis=6379, l2_spec={"adapter": "fs", "path": "/l2"},
+                         proxy_links={"lmcache": "engine -> lmcache"})
         argv = render_services(Path(compose), variables)["toxiproxy"].argv
         assert argv[argv.index("--seed") + 1] == "1234", compose
 

@@ -34,8 +34,8 @@ pytestmark = pytest.mark.real
 #   (lmcache-4533-*) move: every kv_corrupt mode runs on real chunk files in test_sandbox_kv_corrupt.py;
 # - network: d05 stays, and a latency toxic on a process stack's proxy runs in test_attach.py (on the user's
 #   proxy); net-latency, net-bandwidth, net-blackhole, net-reset-peer, net-down, net-slicer,
-#   net-limit-data, net-slow-close and lmcache-1938 move (net-mooncake-data-bandwidth runs on containers in
-#   test_docker_stack.py);
+#   net-limit-data, net-slow-close, net-redis-link-reset and lmcache-1938 move (net-mooncake-data-bandwidth runs on
+#   containers in test_docker_stack.py);
 # - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
 # - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) moves too, and runs on an attached stack in
 #   test_attach.py (also in make test-catalogue).
@@ -46,7 +46,7 @@ FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slo
              "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
              "net-blackhole.yaml", "net-reset-peer.yaml", "net-latency.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
-             "verify-stack.yaml")
+             "verify-stack.yaml", "net-redis-")
 EXCLUDED = ("flagship", "gameday", "experiments", "evaluation")  # gameday/ waits for an operator: test_gameday.py
 # the drills on users' prompts (the chat flagship pair, the trace retro, the evaluation at fault) run as their own
 # suite in tests/real/test_prompts_file.py (make test-catalogue), which also checks where each zero was put

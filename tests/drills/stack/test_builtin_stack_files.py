@@ -34,7 +34,7 @@ def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_ar
     variables = {**_placeholders(kind.topology_file), **VALID, "netns": "kvd-test",
                  **{f"port_{k}": v for k, v in stack.ports.items()}}
     if kind is sandbox.SandboxStack:
-        variables["l2_spec"] = stack.l2_spec()
+        variables.update(l2_spec=stack.l2_spec(), proxy_links=stack.proxy_links())
     if kind is mooncake.MooncakeStack:
         stack.netns = NetNamespace.plan()
         variables["ns_addr"] = stack.netns.ns_addr
