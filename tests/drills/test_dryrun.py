@@ -128,10 +128,9 @@ def test_kernel_backend_randomness_is_declared_unseeded(tmp_path):
 
 
 def test_proxy_names_match_the_stacks():
+    from drills.scenario import StackSpec
     from drills.stack.mooncake import NETNS_PORTS, MooncakeStack
     from drills.stack.sandbox import SandboxStack
-
-    from drills.scenario import StackSpec
 
     for spec in (StackSpec(), StackSpec(lmcache={"l2_adapter": "resp"})):  # a Redis L2 adds the proxy `redis`
         sandbox = object.__new__(SandboxStack)
