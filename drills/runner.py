@@ -57,6 +57,7 @@ from drills.scenario import (
 from drills.scoring import build as build_scorer
 from drills.sse_http import SsePool
 from drills.stack.api import Stack, capability_problems, stack_kind
+from drills.stack.chunk_tiers import TIER_ERRORS
 from drills.stack.pool import StackPool
 from drills.stack.process import ServiceStartError, StackError, log_tail
 from drills.triggers import StoreProbe, TriggerState, TriggerTimeout, wait_for
@@ -567,8 +568,21 @@ class Runner:
         lmc = prom.parse(await self._metrics_or_empty("cache"))
         eng = prom.parse(await self._metrics_or_empty("engine"))
         engine = self.stack.driver.services.get("engine")
+        l2 = await self._l2_stats()
         self.journal.append("observe.metrics", point=point, wave=wave,
-                            engine_generation=engine.generation if engine else None, lmcache=lmc, engine=eng, **tag)
+                            engine_generation=engine.generation if engine else None, lmcache=lmc, engine=eng,
+                            **({"l2": l2} if l2 is not None else {}), **tag)
+
+    async def _l2_stats(self) -> dict[str, Any] | None:
+        """The L2 tier's own counters where it has some (a Redis: keys, memory, evictions, connections); a tier
+        that does not answer is evidence too, never a crash."""
+        tier = getattr(self.stack, "chunk_tier", None)
+        if tier is None:
+            return None
+        try:
+            return await asyncio.to_thread(lambda: tier().stats())
+        except TIER_ERRORS as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     async def _metrics_or_empty(self, service: str) -> str:
         """A dead or frozen service has no metrics; that is evidence for liveness, not a crash."""

@@ -64,6 +64,51 @@ class L2Filesystem(_Strict):
     faultfs: bool = Field(False, description="serve the L2 through the FUSE fault filesystem (disk mode `errno`)")
 
 
+# Flags and keys kvdrill sets itself (addresses it reaches, the chunk size its key hasher uses, what an option
+# of its own already sets): a passed-through setting naming one is refused, with the option to use instead.
+LMCACHE_SERVER_OWNED = {
+    "--host": "kvdrill's (loopback)", "--port": "kvdrill's (a free port)", "--http-host": "kvdrill's (loopback)",
+    "--http-port": "kvdrill's (a free port)", "--chunk-size": "stack.lmcache.chunk_size",
+    "--l2-adapter": "stack.lmcache.l2_adapter and l2_options", "--l1-size-gb": "stack.lmcache.l1_size_gb",
+    "--l1-read-ttl-seconds": "stack.lmcache.l1_read_ttl", "--l1-write-ttl-seconds": "stack.lmcache.l1_write_ttl",
+    "--worker-reap-timeout-seconds": "stack.lmcache.worker_reap_timeout",
+    "--supported-transfer-mode": "stack.lmcache.transfer_mode", "--eviction-policy": "kvdrill's (LRU)",
+    "--hash-algorithm": "kvdrill's (blake3: its key hasher must compute the server's keys)",
+    # they would listen or connect off loopback, or open a code-execution API: never on a drill's stack
+    **{f: "no one: it listens or connects beyond the run's loopback services" for f in (
+        "--prometheus-port", "--p2p-listen-url", "--p2p-advertise-url", "--coordinator-url", "--otlp-endpoint",
+        "--coordinator-kafka-bootstrap-servers", "--coordinator-advertise-ip")},
+    "--run-script-api-enabled": "no one: it opens a code-execution API on the server",
+}
+ENGINE_OWNED = {
+    "--model": "kvdrill's (the pinned model)", "--served-model-name": "kvdrill's", "--host": "kvdrill's (loopback)",
+    "--port": "kvdrill's (a free port)", "--dtype": "pins.toml [model] dtype", "--max-model-len":
+    "stack.engine.max_model_len", "--seed": "kvdrill's (0, as the baseline)", "--enforce-eager": "kvdrill's",
+    "--kv-transfer-config": "kvdrill's (the stack's connector)", "--shutdown-timeout": "stack.engine.shutdown_timeout",
+    "--enable-prefix-caching": "stack.engine.prefix_caching", "--no-enable-prefix-caching": "stack.engine.prefix_caching",
+    "--enable-prompt-embeds": "stack.engine.prompt_embeds", "--no-enable-prompt-embeds": "stack.engine.prompt_embeds",
+    "--enable-prompt-tokens-details": "kvdrill's (it reads cached tokens from every answer)",
+    **{f: "no one: it listens or connects beyond the run's loopback services" for f in (
+        "--otlp-traces-endpoint", "--kv-events-config", "--uds", "--data-parallel-address")},
+}
+L2_OWNED = {"type": "stack.lmcache.l2_adapter", "base_path": "kvdrill's (the run's L2 directory)",
+            "host": "kvdrill's (the run's Redis, through its proxy)", "port": "kvdrill's", "serde": "stack.lmcache.l2_serde"}
+REDIS_OWNED = {"bind": "kvdrill's (loopback)", "port": "kvdrill's (a free port)", "dir": "kvdrill's (the run's)",
+               "save": "stack.lmcache.redis_persistence", "appendonly": "stack.lmcache.redis_persistence",
+               "appendfsync": "stack.lmcache.redis_persistence", "daemonize": "kvdrill's (no)",
+               "protected-mode": "kvdrill's (yes)", "logfile": "kvdrill's (the run's logs/redis.log)",
+               "include": "refused: it reads another file", "loadmodule": "refused: it loads code into Redis"}
+
+
+def _owned_flags(args: list[str], owned: dict[str, str], where: str) -> list[str]:
+    for a in args:
+        flag = a.split("=", 1)[0]
+        if flag in owned:
+            raise ValueError(f"{where}: {flag} is set by {owned[flag]}; kvdrill sets these itself: "
+                             f"{', '.join(sorted(owned))}")
+    return args
+
+
 class LMCacheOptions(_Strict):
     """The LMCache MP server of the sandbox (see shared/facts/vllm-lmcache-cpu.md)."""
 
@@ -94,11 +139,45 @@ class LMCacheOptions(_Strict):
     l2_fs: L2Filesystem | None = Field(
         None, description="mount a run-owned filesystem for the L2 directory (needed by the `disk` faults); "
                           "default: a plain directory in the run")
+    # LMCache's and Redis's own settings, passed through verbatim (recorded in versions.json)
+    server_args: list[str] = Field(default_factory=list, description=(
+        "more `lmcache server` flags, one list item per argument, e.g. ['--l1-use-lazy']; flags kvdrill sets "
+        "(addresses, chunk size, L1 size, TTLs, L2 adapter, transfer mode) are refused with the option to use"))
+    l2_options: dict[str, Any] = Field(default_factory=dict, description=(
+        "more keys of the L2 adapter's config (--l2-adapter JSON), e.g. {max_capacity_gb: 0.5} or {num_workers: 2}; "
+        "type, base_path, host, port and serde are kvdrill's"))
+    redis_config: dict[str, str | int] = Field(default_factory=dict, description=(
+        "l2_adapter resp: more redis.conf directives, e.g. {maxmemory: 64mb, maxmemory-policy: allkeys-lru}; "
+        "address, directory, persistence and logging are kvdrill's"))
+
+    @field_validator("server_args")
+    @classmethod
+    def _server_args(cls, v: list[str]) -> list[str]:
+        return _owned_flags(v, LMCACHE_SERVER_OWNED, "server_args")
+
+    @field_validator("l2_options")
+    @classmethod
+    def _l2_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if bad := sorted(set(v) & set(L2_OWNED)):
+            raise ValueError("l2_options: " + "; ".join(f"{k} is set by {L2_OWNED[k]}" for k in bad))
+        return v
+
+    @field_validator("redis_config")
+    @classmethod
+    def _redis_config(cls, v: dict[str, str | int]) -> dict[str, str | int]:
+        if bad := sorted(k for k in v if k.lower() in REDIS_OWNED):
+            raise ValueError("redis_config: " + "; ".join(f"{k} is set by {REDIS_OWNED[k.lower()]}" for k in bad))
+        for k, val in v.items():
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", k) or any(c in str(val) for c in "\r\n\"'"):
+                raise ValueError(f"redis_config: {k!r}: a directive is lowercase letters, digits and '-', its value "
+                                 "one line without quotes")
+        return v
 
     @model_validator(mode="after")
     def _fs_for_filesystems(self) -> LMCacheOptions:
-        if self.l2_adapter != "resp" and self.redis_persistence != "off":
-            raise ValueError("redis_persistence configures the Redis of l2_adapter: resp; set l2_adapter: resp")
+        if self.l2_adapter != "resp" and (self.redis_persistence != "off" or self.redis_config):
+            raise ValueError("redis_persistence and redis_config configure the Redis of l2_adapter: resp; set "
+                             "l2_adapter: resp")
         if self.l2_adapter == "resp" and self.l2_fs is not None:
             raise ValueError("l2_fs mounts a filesystem under the fs L2's directory; with l2_adapter: resp the L2 is a "
                              "Redis, so leave l2_fs out (or use l2_adapter: fs for the disk faults)")
@@ -125,6 +204,15 @@ class EngineOptions(_Strict):
         0, ge=0, le=120, description="vLLM's --shutdown-timeout: 0 (vLLM's default) aborts on SIGTERM and force-kills "
                                      "EngineCore at once, which can cut LMCache's unregister short; >0 drains (a "
                                      "request in flight then ends 200 with empty text, measured) and unregisters")
+    args: list[str] = Field(default_factory=list, description=(
+        "more vLLM flags for the engine under test (not the baseline, which stays the no-cache oracle), one list "
+        "item per argument, e.g. ['--max-num-seqs', '4']; recorded in versions.json. Flags kvdrill sets (model, "
+        "addresses, dtype, seed, connector, prefix caching, ...) are refused with the option to use"))
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        return _owned_flags(v, ENGINE_OWNED, "args")
 
 
 class MooncakeSpec(_Strict):
@@ -171,6 +259,16 @@ class StackSpec(_Strict):
             raise ValueError(f"stack.engine.prompt_embeds starts the sandbox's vLLM with --enable-prompt-embeds; "
                              f"{self.ref} does not take it (an attached stack's engine is started by you, with the "
                              "flag)")
+        return self
+
+    @model_validator(mode="after")
+    def _settings_on_the_sandbox(self) -> StackSpec:
+        lm = self.lmcache
+        given = [n for n, v in (("lmcache.server_args", lm.server_args), ("lmcache.l2_options", lm.l2_options),
+                                ("engine.args", self.engine.args)) if v]
+        if given and self.ref != "sandbox":
+            raise ValueError(f"{', '.join(given)}: passed to the processes of stack.ref: sandbox only; {self.ref} "
+                             "does not take them yet")
         return self
 
     @model_validator(mode="after")

@@ -45,6 +45,9 @@ def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
                **({"redis_server": redis_server_version(), "redis_persistence": stack.lmcache.redis_persistence}
                   if stack.lmcache.l2_adapter == "resp" else {})},
         "prefix_caching": stack.engine.prefix_caching,
+        # the components' own settings the scenario passed through, verbatim
+        "settings": {"lmcache_server_args": stack.lmcache.server_args, "l2_options": stack.lmcache.l2_options,
+                     "redis_config": stack.lmcache.redis_config, "engine_args": stack.engine.args},
     }
 
 

@@ -128,6 +128,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
                    f"{f' ({rate:.0%})' if rate is not None else ''} | {r['lmcache_l1_hit_tokens']:.0f} / "
                    f"{r['lmcache_l2_hit_tokens']:.0f} | {r['vllm_external_hits']:.0f}/{r['vllm_external_queries']:.0f} | "
                    f"{r['vllm_apc_hits']:.0f}/{r['vllm_apc_queries']:.0f} |")
+    out += _l2_counters_section(history)
     out += first_repeat_section(history)
     out += _fallback_section(history)
     out += _latency_section(history)
@@ -318,6 +319,25 @@ def _score_section(doc: dict[str, Any]) -> list[str]:
             "the model, not the cache |",
             f"| empty because of the request | {z['request']} | a stop string matched at once, or max_tokens ran out "
             "before any text |"]
+
+
+def _l2_counters_section(history: Any) -> list[str]:
+    """The L2 tier's own counters at each metric point, where it has some (a Redis L2): keys, memory,
+    evictions, and connections received (a Redis its client never reconnected to counts none after a restart)."""
+    rows = [(e, e.data["l2"]) for e in history.of_type("observe.metrics") if isinstance(e.data.get("l2"), dict)]
+    if not rows:
+        return []
+    out = ["", "### Redis L2 counters", "",
+           "| phase | point | keys | used memory | maxmemory | evicted keys | connections received | redis run id |",
+           "|---|---|---|---|---|---|---|---|"]
+    for e, l2 in rows:
+        if "error" in l2:
+            out.append(f"| {e.phase} | {e.data.get('point')} | {l2['error']} | | | | | |")
+            continue
+        out.append(f"| {e.phase} | {e.data.get('point')} | {l2.get('keys')} | {l2.get('used_memory')} | "
+                   f"{l2.get('maxmemory')} | {l2.get('evicted_keys')} | {l2.get('total_connections_received')} | "
+                   f"{str(l2.get('run_id'))[:8]} (`{e.ref}`) |")
+    return out
 
 
 def _evidence_line(ev: dict[str, Any]) -> str:

@@ -47,6 +47,9 @@ class ChunkTier(Protocol):
     def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
         """Remove every chunk entry (``salt_prefix``: only the salted oracle's entries of those salts)."""
 
+    def stats(self) -> dict[str, Any] | None:
+        """The tier's own counters at this moment, for the journal's metric points (None: nothing to add)."""
+
 
 class FileTier:
     """The fs adapter's directory."""
@@ -107,6 +110,9 @@ class FileTier:
                 pass
         return {"l2_files_removed": removed, "l2_bytes_freed": freed}
 
+    def stats(self) -> None:
+        return None  # the fs L2's files are counted by the warm-up and the disk family
+
 
 class RedisTier:
     """The resp adapter's Redis (or Valkey) database, reached at ``url`` (redis://host:port[/db])."""
@@ -152,6 +158,19 @@ class RedisTier:
         if keys:
             self.client.delete(*keys)
         return {"l2_keys_removed": len(keys), "l2_bytes_freed": freed}
+
+    # Redis's own counters that say what happened to the tier: its keys and memory, what it evicted under
+    # maxmemory, and whether anyone connected (a restarted Redis no client reconnected to counts 0: defect D15)
+    STATS = {"memory": ("used_memory", "maxmemory", "maxmemory_policy"),
+             "stats": ("evicted_keys", "expired_keys", "total_connections_received", "rejected_connections"),
+             "server": ("run_id", "uptime_in_seconds"), "clients": ("connected_clients",)}
+
+    def stats(self) -> dict[str, Any] | None:
+        out: dict[str, Any] = {"keys": self.client.dbsize()}
+        for section, fields in self.STATS.items():
+            info = self.client.info(section)
+            out.update({f: info.get(f) for f in fields})
+        return out
 
     def close(self) -> None:
         self.client.close()

@@ -55,17 +55,25 @@ def free_port() -> int:
 def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
     """A built-in stack file (the public format, runtime processes or compose) with its {placeholders} filled for one run,
     then validated as any stack file is. An argv word that renders empty is left out; a value that is one
-    placeholder alone takes the variable as it is (a mapping such as the L2's)."""
+    placeholder alone takes the variable as it is (a mapping such as the L2's; a list, as argv words: the
+    settings a scenario passes through)."""
     doc = YAML(typ="safe", pure=True).load(read_text_limited(path, MAX_COMPOSE_FILE_BYTES, "stack file"))
 
+    def whole(value: Any, kind: type) -> Any:
+        """The variable a value names alone (``"{name}"``), when it is of ``kind``; else None."""
+        if isinstance(value, str) and value.startswith("{") and value.endswith("}"):
+            var = variables.get(value[1:-1])
+            return var if isinstance(var, kind) else None
+        return None
+
     def fill(value: Any) -> Any:
-        if isinstance(value, str) and value.startswith("{") and value.endswith("}") and \
-                isinstance(variables.get(value[1:-1]), dict):
-            return variables[value[1:-1]]
+        if (mapping := whole(value, dict)) is not None:
+            return mapping
         if isinstance(value, str):
             return value.format(**variables)
-        if isinstance(value, list):
-            return [w for w in (fill(v) for v in value) if w != ""]
+        if isinstance(value, list):  # an argv word naming a list alone is replaced by its items
+            words = [w for v in value for w in (whole(v, list) if whole(v, list) is not None else [fill(v)])]
+            return [w for w in words if w != ""]
         if isinstance(value, dict):
             return {k: fill(v) for k, v in value.items()}
         return value
@@ -132,17 +140,20 @@ def write_toxiproxy_config(directory: Path, proxies: list[dict[str, Any]]) -> Pa
     return path
 
 
-def write_redis_config(directory: Path, persistence: str = "off") -> Path:
+def write_redis_config(directory: Path, persistence: str = "off", extra: dict[str, Any] | None = None) -> Path:
     """The run's Redis config. ``off``: no snapshots, no append-only file (a restart loses the KV, as most cache
     deployments run it, and no background save competes with the drill for two cores). ``aof``: every write
     appended and fsynced before it is acknowledged, so a restart keeps every stored chunk. Bind address, port
     and directory are on its command line, where the stack file shows them. A file rather than flags because
-    ``save ""`` needs an empty argument, which a stack file's argv leaves out."""
+    ``save ""`` needs an empty argument, which a stack file's argv leaves out. ``extra``: the scenario's own
+    directives (``stack.lmcache.redis_config``, validated: none of these), after kvdrill's."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "redis.conf"
     persist = "appendonly yes\nappendfsync always\n" if persistence == "aof" else "appendonly no\n"
+    own = "".join(f"{k} {v}\n" for k, v in (extra or {}).items())
     path.write_text(f'# written by kvdrill for one run (drills/stack/sandbox.py), persistence {persistence}\n'
-                    f'save ""\n{persist}protected-mode yes\ndaemonize no\nlogfile ""\n')
+                    f'save ""\n{persist}protected-mode yes\ndaemonize no\nlogfile ""\n'
+                    + (f"# stack.lmcache.redis_config\n{own}" if own else ""))
     return path
 
 
@@ -199,7 +210,6 @@ class SandboxStack(ProcessStack):
     cache_log = "lmcache.log"
     hash_algorithm = HASH_ALGORITHM  # the server's --hash-algorithm: chunk keys are computed with it
     starts = "LMCache server, vLLM engine and baseline vLLM"
-    warms = "LMCache L1 and its L2 directory"
     # known before the stack starts (the dry run plans against them; a unit test keeps them in step with
     # the live stack's `proxies`)
     topology_file = COMPOSE_FILE
@@ -217,6 +227,15 @@ class SandboxStack(ProcessStack):
     @classmethod
     def runs_service(cls, name: str, spec: StackSpec) -> bool:
         return name != "redis" or spec.lmcache.l2_adapter == "resp"
+
+    @property
+    def starts_now(self) -> str:
+        redis = "Redis (its L2), " if self.options.lmcache.l2_adapter == "resp" else ""
+        return redis + super().starts_now
+
+    @property
+    def warms(self) -> str:  # type: ignore[override]
+        return "LMCache L1 and its L2 " + ("Redis" if self.options.lmcache.l2_adapter == "resp" else "directory")
 
     @classmethod
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
@@ -274,11 +293,12 @@ class SandboxStack(ProcessStack):
             self._mount_l2(lm.l2_fs)
         if lm.l2_adapter == "resp":
             # a Redis the run starts on loopback (the stack file's `redis` service), persistence off
-            write_redis_config(self.run_dir / "stack" / "redis", lm.redis_persistence)
+            write_redis_config(self.run_dir / "stack" / "redis", lm.redis_persistence, lm.redis_config)
             # through the stack's Toxiproxy (proxy `redis`), so network faults can sit on the LMCache -> Redis link
             adapter: dict[str, Any] = {"type": "resp", "host": "127.0.0.1", "port": self.ports["redis_proxy"]}
         else:
             adapter = {"type": "fs", "base_path": str(self.l2_dir)}
+        adapter.update(lm.l2_options)  # the scenario's own adapter keys (validated: none of kvdrill's)
         if lm.l2_serde == "aesgcm":
             key = self.run_dir / "stack" / "aesgcm.key"
             key.write_bytes(os.urandom(32))
@@ -314,6 +334,7 @@ class SandboxStack(ProcessStack):
             "kv_transfer_config": json.dumps(kv_transfer), "l2_dir": self.l2_dir,
             "redis_dir": self.run_dir / "stack" / "redis", "redis_conf": self.run_dir / "stack" / "redis" / "redis.conf",
             "l2_spec": self.l2_spec(), "proxy_links": self.proxy_links(),
+            "lmcache_server_args": list(lm.server_args), "engine_args": list(eng.args),
         }
         self._variables = variables
         self.specs = self._wanted(render_services(COMPOSE_FILE, variables))

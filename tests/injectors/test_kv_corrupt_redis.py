@@ -190,3 +190,10 @@ async def test_a_heal_whose_redis_is_gone_says_so_instead_of_claiming_success(wo
                                          ("redis://127.0.0.1", False), ("redis://127.0.0.1:6379/x", False)])
 def test_only_a_plain_redis_url_is_a_redis_l2(url, ok):
     assert (redis_url_problem(url) is None) is ok
+
+
+def test_the_redis_tier_reports_its_own_counters_for_the_journal(world):
+    stack, client = world[1], world[3]
+    stats = stack.tier.stats()
+    assert stats["keys"] == client.dbsize() == 12 and stats["evicted_keys"] == 0
+    assert stats["used_memory"] > 12 * VALUE_BYTES and stats["run_id"] and stats["total_connections_received"] >= 1

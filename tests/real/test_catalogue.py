@@ -46,7 +46,7 @@ FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slo
              "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
              "net-blackhole.yaml", "net-reset-peer.yaml", "net-latency.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
-             "verify-stack.yaml", "net-redis-")
+             "verify-stack.yaml", "net-redis-", "redis-maxmemory-")
 EXCLUDED = ("flagship", "gameday", "experiments", "evaluation")  # gameday/ waits for an operator: test_gameday.py
 # the drills on users' prompts (the chat flagship pair, the trace retro, the evaluation at fault) run as their own
 # suite in tests/real/test_prompts_file.py (make test-catalogue), which also checks where each zero was put
