@@ -48,4 +48,7 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D15", "after a Redis restart the resp L2 client never reconnects: every lookup misses and every store "
                   "fails, though Redis kept the KV and /status reports the adapter healthy",
            "LMCache MP server, resp L2 on Redis", ("hit_rate", "logs")),
+    Defect("D16", "the resp L2 takes max_capacity_gb without an eviction policy and never enforces it, without a "
+                  "warning (the fs_native adapter warns): the Redis grows past the cap",
+           "LMCache MP server, resp L2 on Redis", ("l2_usage",)),
 )}

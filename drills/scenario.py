@@ -39,9 +39,9 @@ from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13",
-                   "D14", "D15"]
+                   "D14", "D15", "D16"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
-                    "score", "production"]
+                    "score", "production", "l2_usage"]
 OracleSource = Literal["salted", "baseline", "both"]
 # stacks whose KV tiers key by vLLM's cache_salt, so a fresh salt makes a request cold everywhere: the
 # LMCache MP server (its keys and lookup counters carry the salt; measured). LMCache in-process
@@ -380,8 +380,8 @@ class WorkloadSpec(_Strict):
     @model_validator(mode="after")
     def _trace_has_a_file(self) -> WorkloadSpec:
         if isinstance(self.arrival, TraceArrival) and self.prompts_file is None:
-            raise ValueError("workload.arrival: trace sends a prompts_file's lines at their `at`; give "
-                             "workload.prompts_file")
+            raise ValueError("workload.arrival: trace needs workload.prompts_file: it sends a prompts file's lines "
+                             "at their `at`")
         return self
 
     @model_validator(mode="after")
@@ -556,6 +556,21 @@ class LogRule(_Strict):
         return self
 
 
+class L2UsageCheck(_Strict):
+    """The L2's bytes stay within its cap at every metric point of the drill: the cap LMCache was given (its
+    adapter's ``max_capacity_gb``, e.g. through ``stack.lmcache.l2_options``) or ``max_bytes``. Judged on the
+    L2's own counters the runner journals (a Redis L2: the bytes of LMCache's values); it runs only where a cap
+    is known."""
+
+    enabled: bool = True
+    max_bytes: Size | None = Field(None, description="the cap to hold the L2 to (default: the adapter's own "
+                                                     "max_capacity_gb, GiB)")
+    slack: float = Field(0.1, ge=0, le=10, description="how far over the cap a point may be before it fails: "
+                                                        "LMCache evicts after a store lands, so a point right after a "
+                                                        "wave can be a store over (a chunk of the sandbox model is 9% of "
+                                                        "a 0.12 GiB cap)")
+
+
 class LogsCheck(_Strict):
     """Per service, log lines that must not (or must) appear during and after the drill, judged on the lines
     the run journaled (``observe.log_check``), so ``kvdrill analyze`` reproduces the verdict. Runs only where
@@ -638,6 +653,7 @@ class ChecksSpec(_Strict):
     recovery: RecoveryCheck = RecoveryCheck()
     slo: SloCheck = SloCheck()
     logs: LogsCheck = LogsCheck()
+    l2_usage: L2UsageCheck = L2UsageCheck()
     production: ProductionCheck = ProductionCheck()
     score: ScoreCheck | None = Field(
         None, description="the evaluation layer: score each answer (exact, regex, json_schema or python) and tell a "

@@ -9,6 +9,7 @@ from drills.checkers import (
     degenerate,
     evidence,
     hit_rate,
+    l2_usage,
     leaks,
     liveness,
     logs,
@@ -65,6 +66,9 @@ def _run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
         results.append(_guarded("slo", malformed, lambda: slo.check(view, checks.slo)))
     if checks.logs.enabled and checks.logs.rules:
         results.append(_guarded("logs", malformed, lambda: logs.check(view, checks.logs)))
+    # only where a cap is known (stack.prepared's adapter config, or the scenario's): nothing else to hold the L2 to
+    if checks.l2_usage.enabled and l2_usage.cap_of(view, checks.l2_usage)[0] is not None:
+        results.append(_guarded("l2_usage", malformed, lambda: l2_usage.check(view, checks.l2_usage)))
     # a recorded trace's answers: only where its lines carry them (every other drill's checks stay as they were)
     if checks.production.enabled and production.recorded(view):
         results.append(_guarded("production", malformed, lambda: production.check(view, checks.production)))
@@ -77,7 +81,7 @@ GUARD_MARK = "checker crashed"  # the fuzz test asserts the evidence contract le
 
 
 def _guarded(name: str, malformed: dict[str, list[evidence.Malformed]],
-             check: Callable[[], CheckResult]) -> CheckResult:
+             check: Callable[[], CheckResult | None]) -> CheckResult:
     """A checker over malformed evidence answers ``error`` naming the event, never an exception: one bad
     line in a stored journal must not take the other verdicts (or the whole report) down with it."""
     bad = evidence.for_check(name, malformed)

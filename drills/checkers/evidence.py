@@ -165,6 +165,7 @@ READS: dict[str, tuple[str, ...]] = {
     "slo": ("response", "observe.metrics", "warm.stored", "workload.prompts", *FAULTS),
     "oracle": ("response", "observe.metrics"),
     "logs": ("observe.log_check",),
+    "l2_usage": ("observe.metrics",),
     "score": ("response", "score", "workload.prompts", *FAULTS),
     "production": ("response", "workload.prompts", *FAULTS),
 }

@@ -166,7 +166,10 @@ class RedisTier:
              "server": ("run_id", "uptime_in_seconds"), "clients": ("connected_clients",)}
 
     def stats(self) -> dict[str, Any] | None:
-        out: dict[str, Any] = {"keys": self.client.dbsize()}
+        chunks = self._keys("*@*@*@*")
+        # the bytes LMCache's own L2 accounting counts (its values), apart from Redis's overhead in used_memory
+        out: dict[str, Any] = {"keys": self.client.dbsize(), "chunk_keys": len(chunks),
+                               "value_bytes": sum(self.client.strlen(k) for k in chunks)}
         for section, fields in self.STATS.items():
             info = self.client.info(section)
             out.update({f: info.get(f) for f in fields})

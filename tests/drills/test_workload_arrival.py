@@ -143,7 +143,7 @@ async def test_a_trace_wave_journals_each_request_at_its_scaled_time_in_time_ord
 def test_a_trace_needs_a_prompts_file_and_an_at_on_every_line(tmp_path):
     from drills.scenario import ScenarioError, load_scenario
 
-    with pytest.raises(ValidationError, match="trace sends a prompts_file's lines at their `at`"):
+    with pytest.raises(ValidationError, match="trace needs workload.prompts_file: it sends a prompts file's lines at"):
         WorkloadSpec(arrival={"mode": "trace"})
     (tmp_path / "t.jsonl").write_text('{"prompt": "a", "at": 0}\n{"prompt": "b"}\n{"prompt": "c", "at": 3.5}\n')
     path = tmp_path / "s.yaml"
