@@ -37,6 +37,8 @@ pytestmark = pytest.mark.real
 #   net-limit-data, net-slow-close, net-redis-link-reset and lmcache-1938 move (net-mooncake-data-bandwidth runs on
 #   containers in test_docker_stack.py);
 # - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
+# - Redis L2: the controls d14, d15 and d16 stay; their twins d14-twin and d16-twin move (each needs a fresh stack
+#   of its own, 1.3 min), as do redis-maxmemory-evictions and net-redis-link-reset;
 # - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) moves too, and runs on an attached stack in
 #   test_attach.py (also in make test-catalogue).
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
@@ -46,7 +48,7 @@ FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slo
              "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
              "net-blackhole.yaml", "net-reset-peer.yaml", "net-latency.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
-             "verify-stack.yaml", "net-redis-", "redis-maxmemory-")
+             "verify-stack.yaml", "net-redis-", "redis-maxmemory-", "d14-twin-", "d16-twin-")
 EXCLUDED = ("flagship", "gameday", "experiments", "evaluation")  # gameday/ waits for an operator: test_gameday.py
 # the drills on users' prompts (the chat flagship pair, the trace retro, the evaluation at fault) run as their own
 # suite in tests/real/test_prompts_file.py (make test-catalogue), which also checks where each zero was put
