@@ -23,6 +23,18 @@ CHUNK = 4
 FILE_BYTES = 4096
 
 
+def chained_hashes(token_lists: list[list[int]]) -> list[list[str]]:
+    """A stand-in for LMCache's token hasher: each full chunk's hash chains the ones before it."""
+    rows = []
+    for tokens in token_lists:
+        row, prefix = [], b""
+        for c in range(len(tokens) // CHUNK):
+            prefix = hashlib.sha256(prefix + bytes(tokens[c * CHUNK:(c + 1) * CHUNK])).digest()
+            row.append(prefix.hex())
+        rows.append(row)
+    return rows
+
+
 class FakeStack:
     """Exposes what kv_corrupt uses of SandboxStack: options, chunk_tier() and chunk_files()."""
 
@@ -34,15 +46,9 @@ class FakeStack:
         return FileTier(self.l2_dir)
 
     def chunk_files(self, token_lists):
-        rows = []
-        for pid, tokens in enumerate(token_lists):
-            row, prefix = [], b""
-            for c in range(len(tokens) // CHUNK):
-                prefix = hashlib.sha256(prefix + bytes(tokens[c * CHUNK:(c + 1) * CHUNK])).digest()
-                path = self.l2_dir / f"model@0x01000100@0@{prefix.hex()}.data"
-                row.append(ChunkFile(pid, c, prefix.hex(), path if path.exists() else None))
-            rows.append(row)
-        return rows
+        hashes = chained_hashes(token_lists)
+        found = self.chunk_tier().locate([h for row in hashes for h in row])  # as SandboxStack.chunk_files
+        return [[ChunkFile(p, c, h, found.get(h)) for c, h in enumerate(row)] for p, row in enumerate(hashes)]
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ real LMCache writing to Redis are exercised in tests/real (the d14 controls)."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 import socket
 import subprocess
@@ -18,12 +17,11 @@ from drills.journal import Journal, read_history
 from drills.rollback import RunState, _vet_restore
 from drills.scenario import StackSpec
 from drills.stack.chunk_tiers import RedisTier, redis_url_problem
-from drills.stack.sandbox import ChunkFile
 from drills.workload import Prompt, PromptSet
 from injectors.base import InjectionContext
 from injectors.kv_corrupt import KvCorrupt, KvCorruptParams, restore
+from tests.injectors.test_kv_corrupt import FakeStack
 
-CHUNK = 4
 VALUE_BYTES = 4096
 MODEL = "/srv/models/m"  # the resp adapter's keys start with the served model's path, slashes and all
 
@@ -51,7 +49,7 @@ def redis_url(tmp_path_factory):
         proc.wait(timeout=10)
 
 
-class RedisStack:
+class RedisStack(FakeStack):
     """What kv_corrupt uses of SandboxStack, over a resp L2: options, chunk_tier() and chunk_files()."""
 
     def __init__(self, url: str) -> None:
@@ -60,17 +58,6 @@ class RedisStack:
 
     def chunk_tier(self):
         return self.tier
-
-    def chunk_files(self, token_lists):
-        rows = []
-        for pid, tokens in enumerate(token_lists):
-            row, prefix = [], b""
-            for c in range(len(tokens) // CHUNK):
-                prefix = hashlib.sha256(prefix + bytes(tokens[c * CHUNK:(c + 1) * CHUNK])).digest()
-                row.append(ChunkFile(pid, c, prefix.hex(), None))
-            rows.append(row)
-        found = self.tier.locate([c.chunk_hash for row in rows for c in row])
-        return [[ChunkFile(c.prompt_id, c.chunk, c.chunk_hash, found.get(c.chunk_hash)) for c in row] for row in rows]
 
 
 @pytest.fixture

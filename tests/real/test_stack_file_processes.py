@@ -86,8 +86,8 @@ ZEROED = ("name: processes-zeroed-chunk\nseed: 7\n"
           "expect: {verdict: fail, failing_checks: [correctness, hit_rate], passing_checks: [logs]}\n")
 
 
-def test_a_zeroed_chunk_on_a_stack_kvdrill_starts_from_the_users_commands_fails_as_on_the_sandbox(tmp_path):
-    stack_file = _stack_file(tmp_path)
+def _zeroed(tmp_path: Path, stack_file: Path) -> tuple[Path, dict]:
+    """`kvdrill run` of ZEROED on the stack file: the run directory and its verdict, which must be the expected FAIL."""
     scenario = tmp_path / "zeroed.yaml"
     scenario.write_text(ZEROED)
     reports = ARTIFACTS / "stack-file-processes"
@@ -96,6 +96,12 @@ def test_a_zeroed_chunk_on_a_stack_kvdrill_starts_from_the_users_commands_fails_
     run_dir = _run_dir(proc.stderr)
     doc = json.loads((run_dir / "verdict.json").read_text())
     assert doc["verdict"] == "fail" and doc["expectation"]["held"], proc.stdout + proc.stderr[-3000:]
+    return run_dir, doc
+
+
+def test_a_zeroed_chunk_on_a_stack_kvdrill_starts_from_the_users_commands_fails_as_on_the_sandbox(tmp_path):
+    stack_file = _stack_file(tmp_path)
+    run_dir, doc = _zeroed(tmp_path, stack_file)
     # the log check's evidence is the lines themselves, where the run's logs/ has them
     [logs] = [c for c in doc["checks"] if c["name"] == "logs"]
     for ev in (e for e in logs["evidence"] if e["kind"] == "log"):
@@ -121,14 +127,7 @@ def test_a_zeroed_chunk_in_the_users_redis_l2_fails_and_is_put_back_through_redi
     PINGs it until healthy, zeroes the shared chunk's value through a Redis client (found by LMCache's key),
     the drill FAILs as on files, and the heal writes the original bytes back before the Redis is stopped."""
     stack_file = _stack_file(tmp_path, l2="resp")
-    scenario = tmp_path / "zeroed.yaml"
-    scenario.write_text(ZEROED)
-    reports = ARTIFACTS / "stack-file-processes"
-    reports.mkdir(parents=True, exist_ok=True)
-    proc = run_kvdrill(["run", str(scenario), "--stack", str(stack_file), "--reports-dir", str(reports)], timeout=900)
-    run_dir = _run_dir(proc.stderr)
-    doc = json.loads((run_dir / "verdict.json").read_text())
-    assert doc["verdict"] == "fail" and doc["expectation"]["held"], proc.stdout + proc.stderr[-3000:]
+    run_dir, doc = _zeroed(tmp_path, stack_file)
     healthy = {e["data"]["service"] for e in _events(run_dir, "service.healthy")}
     assert {"redis", "lmcache", "engine", "toxiproxy"} <= healthy
     url = YAML(typ="safe").load(stack_file.read_text())["services"]["redis"]["url"]
