@@ -36,6 +36,9 @@ class ChunkTier(Protocol):
     def read(self, ref: str) -> bytes | None:
         """The entry's bytes, or None when it does not exist."""
 
+    def size(self, ref: str) -> int | None:
+        """The entry's length in bytes, without reading it (None: it does not exist)."""
+
     def write(self, ref: str, data: bytes) -> None:
         """Replace the entry's bytes (a fault's change)."""
 
@@ -81,6 +84,12 @@ class FileTier:
     def read(self, ref: str) -> bytes | None:
         try:
             return Path(ref).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def size(self, ref: str) -> int | None:
+        try:
+            return Path(ref).stat().st_size
         except FileNotFoundError:
             return None
 
@@ -142,6 +151,9 @@ class RedisTier:
 
     def read(self, ref: str) -> bytes | None:
         return self.client.get(ref)
+
+    def size(self, ref: str) -> int | None:
+        return self.client.strlen(ref) if self.client.exists(ref) else None
 
     def write(self, ref: str, data: bytes) -> None:
         self.client.set(ref, data)

@@ -464,7 +464,7 @@ class SandboxStack(ProcessStack):
                                  f"{len(expected)} {where}")
             await asyncio.sleep(0.5)
         refs = sorted(set(found.values()))
-        sizes = await asyncio.to_thread(lambda: [len(tier.read(r) or b"") for r in refs])
+        sizes = await asyncio.to_thread(lambda: [tier.size(r) or 0 for r in refs])
         names = [r.rpartition("/")[2] for r in refs]
         return {"chunks": len(expected), ("files" if tier.kind == "fs" else "keys"): names, "bytes": sum(sizes)}
 

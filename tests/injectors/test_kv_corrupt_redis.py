@@ -184,3 +184,6 @@ def test_the_redis_tier_reports_its_own_counters_for_the_journal(world):
     stats = stack.tier.stats()
     assert stats["keys"] == client.dbsize() == 12 and stats["evicted_keys"] == 0
     assert stats["used_memory"] > 12 * VALUE_BYTES and stats["run_id"] and stats["total_connections_received"] >= 1
+    assert stats["chunk_keys"] == 12 and stats["value_bytes"] == 12 * VALUE_BYTES  # the salted copies count too
+    key = next(k.decode() for k in client.scan_iter())
+    assert stack.tier.size(key) == VALUE_BYTES and stack.tier.size("nothing@here") is None
