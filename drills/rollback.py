@@ -430,12 +430,15 @@ def _declared_l2(prepared: dict[str, Any]) -> Path | None:
 
 
 def _redis_l2(prepared: dict[str, Any]) -> set[str]:
-    """The loopback Redis of the run's resp L2: the one it started (its adapter as journaled), or the one the
-    journal and the attached stack's file on disk both name."""
-    adapter = prepared.get("l2_adapter")
+    """The loopback Redis of the run's resp L2: the one its sandbox started (stack.prepared's Redis port, where
+    the same record names the resp adapter: the record that names the run's L2 directory too), or the one the
+    journal and the attached stack's file on disk both name. kv_corrupt reaches the Redis directly, never
+    through the stack's proxy in front of it (a fault there must not stop a heal)."""
+    adapter, ports = prepared.get("l2_adapter"), prepared.get("ports")
     urls = set()
-    if isinstance(adapter, dict) and adapter.get("type") == "resp" and type(adapter.get("port")) is int:
-        urls.add(f"redis://{adapter.get('host')}:{adapter['port']}")
+    if isinstance(adapter, dict) and adapter.get("type") == "resp" and isinstance(ports, dict) and \
+            type(ports.get("redis")) is int:
+        urls.add(f"redis://127.0.0.1:{ports['redis']}")
     f = _own_stack_file(prepared.get("stack_file"))
     if f is not None and f.l2_redis_url is not None and prepared.get("l2_redis_url") == f.l2_redis_url:
         urls.add(f.l2_redis_url)

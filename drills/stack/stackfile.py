@@ -56,7 +56,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {"lmcache-mp": ("engine", "lmcache"),
 CONTRIBUTOR = re.compile(r"^store-[a-z0-9][a-z0-9-]{0,30}$")
 HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version",
           "mooncake-master": "/health", "redis": ""}  # a contributor (store-*): /health on its --http_port;
-# redis: PING on its redis:// URL (drills/stack/process.py, answers_health)
+# redis: PING on its redis:// URL (drills/stack/process.py, health_problem)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _ALL_ROLES = ("engine", "lmcache", "baseline", "toxiproxy", "mooncake-master", "redis")
 
@@ -455,8 +455,13 @@ class StackFile(_Strict):
                                  r == "mooncake-master" or is_contributor(r) for r in stray) else ""))
         missing = [r for r in REQUIRED[self.topology] if r not in self.services]
         lm = self.services.get("lmcache")
-        if lm is not None and lm.l2 is not None and lm.l2.service is not None and lm.l2.service not in self.services:
-            missing.append(f"the {lm.l2.service} service its l2: names")
+        if lm is not None and lm.l2 is not None and lm.l2.service is not None:
+            if lm.l2.service not in self.services:
+                missing.append(f"the {lm.l2.service} service its l2: names")
+            elif not is_loopback(self.services[lm.l2.service].host):
+                raise ValueError(f"services.{lm.l2.service}: a Redis L2 on another host is not reachable by kv_corrupt "
+                                 "yet (its values would be written over the network, and rollback writes back only "
+                                 "on this host); run it on this host or leave l2: out")
         if self.topology == "lmcache-mooncake" and not self.contributors:
             missing.append("a contributor store-<name>")
         if missing:

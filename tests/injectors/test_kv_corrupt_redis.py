@@ -187,3 +187,14 @@ def test_the_redis_tier_reports_its_own_counters_for_the_journal(world):
     assert stats["chunk_keys"] == 12 and stats["value_bytes"] == 12 * VALUE_BYTES  # the salted copies count too
     key = next(k.decode() for k in client.scan_iter())
     assert stack.tier.size(key) == VALUE_BYTES and stack.tier.size("nothing@here") is None
+
+
+def test_rollback_takes_the_sandboxs_own_redis_by_its_port_not_the_proxy_in_front_of_it():
+    """The sandbox journals the adapter (LMCache reaches Redis through the stack's proxy) and its ports; kv_corrupt
+    reaches the Redis directly, and so does rollback."""
+    from drills.rollback import _redis_l2
+
+    prepared = {"ref": "sandbox", "ports": {"redis": 6390, "redis_proxy": 6391},
+                "l2_adapter": {"type": "resp", "host": "127.0.0.1", "port": 6391}}
+    assert _redis_l2(prepared) == {"redis://127.0.0.1:6390"}
+    assert _redis_l2({**prepared, "l2_adapter": {"type": "fs", "base_path": "/x"}}) == set()

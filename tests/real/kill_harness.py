@@ -162,7 +162,9 @@ async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: P
         stack = MiniStack(run_dir, journal, http, toxiproxy, chunks, redis_url)
         if redis_url:  # the run's L2 adapter, as the sandbox journals it: rollback writes back only into it
             port = int(redis_url.rpartition(":")[2])
-            journal.append("stack.prepared", ref="sandbox", l2_adapter={"type": "resp", "host": "127.0.0.1", "port": port})
+            # as the sandbox journals it: the adapter (LMCache goes through the proxy) and the Redis's own port
+            journal.append("stack.prepared", ref="sandbox", ports={"redis": port, "redis_proxy": port + 1},
+                           l2_adapter={"type": "resp", "host": "127.0.0.1", "port": port + 1})
         step(log, "setup")
         if "l2_fs" in needs:
             stack.mount_l2(needs["l2_fs"])

@@ -68,3 +68,8 @@ def test_the_runs_redis_keeps_its_kv_across_a_restart_only_with_aof(tmp_path, pe
     assert all(line in text for line in lines) and "protected-mode yes" in text
     with pytest.raises(ValueError, match="set l2_adapter: resp"):
         StackSpec.model_validate({"lmcache": {"redis_persistence": "aof"}})
+
+
+def test_a_redis_l2_on_another_host_is_refused_until_rollback_can_reach_it(tmp_path):
+    with pytest.raises(StackFileError, match="a Redis L2 on another host is not reachable by kv_corrupt yet"):
+        _load(tmp_path, BASE.replace("redis://127.0.0.1:6379", "redis://10.1.2.3:6379"))
