@@ -358,8 +358,9 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         fp.seeded["bit_positions"] = (f"{p.bits} distinct bit(s) per file, each {draw} from "
                                       f"Random({seeds.fault_rng_seed(sc.seed, fp.id)!r}), files in target order; "
                                       "size is the chunk's size at run time")
-    fp.seeded["chunk_files" if view.l2_redis is None else "redis_keys"] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
-                                f"{seeds.WORKLOAD.format(seed=sc.seed)!r}); no random choice")
+    which = "chunk_files" if view.l2_redis is None else "redis_keys"
+    fp.seeded[which] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
+                        f"{seeds.WORKLOAD.format(seed=sc.seed)!r}); no random choice")
 
 
 def _model(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:

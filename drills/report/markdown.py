@@ -328,15 +328,15 @@ def _l2_counters_section(history: Any) -> list[str]:
     if not rows:
         return []
     out = ["", "### Redis L2 counters", "",
-           "| phase | point | keys | used memory | maxmemory | evicted keys | connections received | redis run id |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| phase | point | keys | LMCache chunk bytes | used memory | maxmemory | evicted keys | connections "
+           "received | redis run id |", "|---|---|---|---|---|---|---|---|---|"]
     for e, l2 in rows:
         if "error" in l2:
-            out.append(f"| {e.phase} | {e.data.get('point')} | {l2['error']} | | | | | |")
+            out.append(f"| {e.phase} | {e.data.get('point')} | {l2['error']} | | | | | | |")
             continue
-        out.append(f"| {e.phase} | {e.data.get('point')} | {l2.get('keys')} | {l2.get('used_memory')} | "
-                   f"{l2.get('maxmemory')} | {l2.get('evicted_keys')} | {l2.get('total_connections_received')} | "
-                   f"{str(l2.get('run_id'))[:8]} (`{e.ref}`) |")
+        out.append(f"| {e.phase} | {e.data.get('point')} | {l2.get('keys')} | {l2.get('value_bytes')} | "
+                   f"{l2.get('used_memory')} | {l2.get('maxmemory')} | {l2.get('evicted_keys')} | "
+                   f"{l2.get('total_connections_received')} | {str(l2.get('run_id'))[:8]} (`{e.ref}`) |")
     return out
 
 
