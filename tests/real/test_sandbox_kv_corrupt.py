@@ -93,8 +93,9 @@ def test_token_hasher_maps_every_full_chunk_to_its_file(warmed):
     for prompt, row in zip(prompts, rows):
         assert len(row) == len(prompt.token_ids) // 256 == 4
         for chunk in row:
-            assert chunk.path.parent == stack.l2_dir and chunk.path.stat().st_size == CHUNK_FILE_BYTES
-            assert chunk.chunk_hash in chunk.path.name
+            path = Path(chunk.path)  # an fs L2 entry is a file's path (a Redis L2's would be its key)
+            assert path.parent == stack.l2_dir and path.stat().st_size == CHUNK_FILE_BYTES
+            assert chunk.chunk_hash in path.name
     assert rows[0][0].path == rows[1][0].path and rows[0][1].path == rows[1][1].path  # shared prefix
     assert rows[0][2].path != rows[1][2].path
 
