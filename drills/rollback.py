@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import stat
 import time
@@ -239,9 +240,20 @@ def _named_processes(run_dir: Path, started: Event | None) -> set[tuple[int, tup
     return out
 
 
+def _runs_program(pid: int, program: str) -> bool:
+    """Whether ``pid``'s executable is ``program`` (an absolute path, or a name found on PATH)."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    found = program if os.path.isabs(program) else shutil.which(program)
+    return found is not None and os.path.realpath(found) == exe
+
+
 def verify_group(pgid: Any, argv: Any, ticks: Any, tagged: dict[int, str]) -> tuple[Status | None, str]:
     """Whether the group ``pgid`` is provably the one the run started: its leader carries the run's tag,
-    or runs the recorded command line *and* started at the recorded time. Returns (None, "") when it is;
+    or runs the recorded command line (or, having rewritten its title, the recorded program) *and* started at the
+    recorded time. Returns (None, "") when it is;
     ("already_healed", why) when the leader is gone or runs another command (the run's group is gone, a
     recycled pid is someone else's); ("failed", why) when it looks like the run's but cannot be proved."""
     pg = _pid(pgid)
@@ -257,6 +269,11 @@ def verify_group(pgid: Any, argv: Any, ticks: Any, tagged: dict[int, str]) -> tu
         return "failed", (f"pid {pg} runs the recorded command but carries no KVDRILL_RUN tag of this run, and "
                           + ("started at another time (a recycled pid)" if isinstance(ticks, str)
                              else "no start time was recorded") + ": not signalled")
+    if isinstance(argv, list) and argv and isinstance(ticks, str) and ticks == start_ticks(pg) and \
+            _runs_program(pg, str(argv[0])):
+        # the recorded program, started at the recorded time, that rewrote its title and environment in place
+        # (redis-server does, unless set-proc-title is off): the run's own, whatever /proc/PID/cmdline says now
+        return None, ""
     if isinstance(argv, list) and argv:
         return "already_healed", f"pid {pg} no longer runs the recorded command (a recycled pid): not signalled"
     return "failed", f"pid {pg} carries no KVDRILL_RUN tag of this run and no command was recorded: not signalled"

@@ -97,7 +97,8 @@ REDIS_OWNED = {"bind": "kvdrill's (loopback)", "port": "kvdrill's (a free port)"
                "save": "stack.lmcache.redis_persistence", "appendonly": "stack.lmcache.redis_persistence",
                "appendfsync": "stack.lmcache.redis_persistence", "daemonize": "kvdrill's (no)",
                "protected-mode": "kvdrill's (yes)", "logfile": "kvdrill's (the run's logs/redis.log)",
-               "include": "refused: it reads another file", "loadmodule": "refused: it loads code into Redis"}
+               "include": "refused: it reads another file", "loadmodule": "refused: it loads code into Redis",
+               "set-proc-title": "kvdrill's (no: the run's tag stays in its environment)"}
 
 
 def _owned_flags(args: list[str], owned: dict[str, str], where: str) -> list[str]:

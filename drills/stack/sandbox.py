@@ -151,8 +151,11 @@ def write_redis_config(directory: Path, persistence: str = "off", extra: dict[st
     path = directory / "redis.conf"
     persist = "appendonly yes\nappendfsync always\n" if persistence == "aof" else "appendonly no\n"
     own = "".join(f"{k} {v}\n" for k, v in (extra or {}).items())
+    # set-proc-title no: Redis otherwise rewrites its command line and environment in place, and the run's
+    # KVDRILL_RUN tag with them (rollback recognises it by program and start time then, but the tag is the
+    # first proof it looks for)
     path.write_text(f'# written by kvdrill for one run (drills/stack/sandbox.py), persistence {persistence}\n'
-                    f'save ""\n{persist}protected-mode yes\ndaemonize no\nlogfile ""\n'
+                    f'save ""\n{persist}protected-mode yes\ndaemonize no\nlogfile ""\nset-proc-title no\n'
                     + (f"# stack.lmcache.redis_config\n{own}" if own else ""))
     return path
 

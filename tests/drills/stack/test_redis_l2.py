@@ -3,6 +3,8 @@ scenario option that starts one on the sandbox; each wrong combination is refuse
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from drills.scenario import StackSpec
@@ -73,3 +75,33 @@ def test_the_runs_redis_keeps_its_kv_across_a_restart_only_with_aof(tmp_path, pe
 def test_a_redis_l2_on_another_host_is_refused_until_rollback_can_reach_it(tmp_path):
     with pytest.raises(StackFileError, match="a Redis L2 on another host is not reachable by kv_corrupt yet"):
         _load(tmp_path, BASE.replace("redis://127.0.0.1:6379", "redis://10.1.2.3:6379"))
+
+
+def test_rollback_knows_a_redis_that_rewrote_its_title_by_program_and_start_time(tmp_path):
+    """redis-server rewrites /proc/PID/cmdline (and the environment area, taking the run's tag with it) unless
+    set-proc-title is off: rollback then recognises the run's Redis by its executable and recorded start time,
+    and still leaves a recycled pid alone."""
+    import socket
+    import subprocess
+    import time
+
+    from drills.procstat import start_ticks
+    from drills.rollback import verify_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        ticks = start_ticks(proc.pid)
+        deadline = time.monotonic() + 10
+        while b"127.0.0.1:" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():  # its title, once it set it
+            assert time.monotonic() < deadline, "redis-server did not set its title"
+            time.sleep(0.05)
+        assert verify_group(proc.pid, argv, ticks, tagged={}) == (None, "")
+        status, why = verify_group(proc.pid, argv, "1", tagged={})  # another start time: someone else's process
+        assert status == "already_healed" and "recycled pid" in why
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
