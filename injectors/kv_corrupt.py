@@ -96,8 +96,12 @@ def restore(entries: list[dict[str, Any]]) -> HealReport:
                 report.already_healed.append(ref)
                 continue
             tier.put_back(ref, Path(entry["backup"]).read_bytes())
+            back = _digest(tier.read(ref))  # read back through the tier: a heal is proven, not assumed
         except TIER_ERRORS as exc:  # the tier is gone (a stopped Redis): said, never counted as healed
             report.failed.append(f"{ref}: {type(exc).__name__}: {exc}")
+            continue
+        if back != entry["sha256"]:
+            report.failed.append(f"{ref}: written back, but it reads back with sha256 {back} (backup {entry['sha256']})")
             continue
         report.undone.append(ref)
     return report
