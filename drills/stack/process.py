@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
-import redis.asyncio
 import structlog
 
 from drills.journal import Journal
@@ -51,6 +49,9 @@ async def health_problem(url: str, http: httpx.AsyncClient, timeout: float = 2.0
     """None when a service answers its health check: HTTP 200 on its health URL, or PONG from a Redis
     (``redis://``: it speaks no HTTP). Otherwise what it answered, or why nothing came."""
     if url.startswith("redis://"):
+        import redis  # only a stack with a Redis pays for the import (every kvdrill command loads this module)
+        import redis.asyncio
+
         client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         try:
             return None if await client.ping() else f"health {url}: no PONG"

@@ -72,7 +72,8 @@ def render_stack_file(path: Path, variables: dict[str, Any]) -> StackFile:
         if isinstance(value, str):
             return value.format(**variables)
         if isinstance(value, list):  # an argv word naming a list alone is replaced by its items
-            words = [w for v in value for w in (whole(v, list) if whole(v, list) is not None else [fill(v)])]
+            spliced = [(whole(v, list), v) for v in value]
+            words = [w for items, v in spliced for w in (items if items is not None else [fill(v)])]
             return [w for w in words if w != ""]
         if isinstance(value, dict):
             return {k: fill(v) for k, v in value.items()}
