@@ -932,6 +932,11 @@ def parse_scenario(text: str, path: Path, stored_run: Path | None = None) -> Loa
         raise ScenarioError(path, [Problem(1, "", "a scenario must be a mapping with at least 'name:'")])
     problems: list[Problem] = []
     scenario = None
+    stack = plain.get("stack")
+    if isinstance(stack, dict) and isinstance(stack.get("file"), str) and not Path(stack["file"]).is_absolute():
+        # a stack file named by the scenario is found beside it, wherever kvdrill is run from; resolved before
+        # validation, which reads it (its topology decides the default oracle and what the scenario may ask)
+        plain = {**plain, "stack": {**stack, "file": str((path.parent / stack["file"]).absolute())}}
     try:
         scenario = Scenario.model_validate(plain)
     except ValidationError as exc:
@@ -942,10 +947,6 @@ def parse_scenario(text: str, path: Path, stored_run: Path | None = None) -> Loa
     problems += fault_problems
     if problems or scenario is None:
         raise ScenarioError(path, sorted(problems, key=lambda p: (p.line or 0, p.key)))
-    if scenario.stack.file is not None and not Path(scenario.stack.file).is_absolute():
-        # a stack file named by the scenario is found beside it, wherever kvdrill is run from
-        stack = scenario.stack.model_copy(update={"file": str((path.parent / scenario.stack.file).absolute())})
-        scenario = scenario.model_copy(update={"stack": stack})
     inputs = Inputs(path, stored_run)
     if scenario.workload.prompts_file is not None:
         scenario = _with_prompts_file(scenario, path, data, inputs)

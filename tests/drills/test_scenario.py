@@ -157,6 +157,19 @@ def test_the_oracle_defaults_to_salted_where_the_stack_honours_cache_salt():
     assert _oracle_of(model.replace("name: x\n", "name: x\noracle: baseline\n")) == ("baseline", True)
 
 
+def test_an_attached_stack_file_named_relative_to_the_scenario_decides_the_default_oracle(tmp_path, monkeypatch):
+    """The stack file is read during validation (its topology picks the oracle): it must be found beside the
+    scenario, not in the directory kvdrill runs from, or an in-process stack would get the salted oracle (D13)."""
+    (tmp_path / "mc.yaml").write_text("name: mc\nserved_model: m\ntopology: lmcache-mooncake\nservices:\n"
+                                      "  engine: {url: 'http://127.0.0.1:8000'}\n"
+                                      "  mooncake-master: {url: 'http://127.0.0.1:9003'}\n"
+                                      "  store-a: {url: 'http://127.0.0.1:9300'}\n"
+                                      "  baseline: {url: 'http://127.0.0.1:8001'}\n")
+    monkeypatch.chdir("/")
+    sc = parse_scenario("name: x\nstack: {file: mc.yaml}\n", tmp_path / "s.yaml").scenario
+    assert (sc.oracle, sc.stack.file) == ("baseline", str(tmp_path / "mc.yaml"))
+
+
 def test_an_oracle_the_stack_cannot_give_is_refused_with_its_line():
     with pytest.raises(ScenarioError, match="needs the baseline engine, but stack.baseline is false"):
         parse_scenario("name: x\noracle: baseline\nstack: {baseline: false}\n", Path("s.yaml"))
