@@ -170,8 +170,8 @@ class LMCacheOptions(_Strict):
             raise ValueError("redis_config: " + "; ".join(f"{k} is set by {REDIS_OWNED[k.lower()]}" for k in bad))
         for k, val in v.items():
             if not re.fullmatch(r"[a-z][a-z0-9-]*", k) or any(c in str(val) for c in "\r\n\"'"):
-                raise ValueError(f"redis_config: {k!r}: a directive is lowercase letters, digits and '-', its value "
-                                 "one line without quotes")
+                raise ValueError(f"redis_config: {k!r}: a directive must be lowercase letters, digits and '-', its "
+                                 "value one line without quotes")
         return v
 
     @model_validator(mode="after")
