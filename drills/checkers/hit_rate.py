@@ -120,9 +120,12 @@ def check(view: RunView, opts: HitRateCheck, correctness_failed: bool) -> CheckR
     if rate is None:
         shown = "LMCache saw no lookups during chaos (hit rate undefined)"
     else:
+        # in-process LMCache counts no tiers: its log's retrieved tokens all came from the remote tier (the
+        # stacks run it with no local one), so an "L1 0, L2 0" there would read as nothing served at all
+        split = ("retrieved per in-process LMCache's log" if chaos["hit_rate_source"] == "engine_log_retrieved_tokens"
+                 else f"L1 {chaos['lmcache_l1_hit_tokens']:.0f}, L2 {chaos['lmcache_l2_hit_tokens']:.0f}")
         shown = (f"LMCache token hit rate {rate:.0%} during chaos ({chaos['lmcache_hit_tokens']:.0f}/"
-                 f"{chaos['lmcache_requested_tokens']:.0f} tokens; L1 {chaos['lmcache_l1_hit_tokens']:.0f}, "
-                 f"L2 {chaos['lmcache_l2_hit_tokens']:.0f})")
+                 f"{chaos['lmcache_requested_tokens']:.0f} tokens; {split})")
     problems = _nothing_stored(view, details, evidence)
     if rate is None and opts.min is not None:
         problems.append(shown)

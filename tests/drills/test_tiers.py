@@ -174,3 +174,12 @@ def test_every_null_tier_field_says_why(name):
     rec = run_record(doc, read_history(FIXTURES / name))
     assert rec["tiers"]
     assert [k for k, v in flatten(rec["tiers"], "tiers") if v is None and not why_missing(rec, k)] == []
+
+
+def test_the_hit_rate_check_of_an_in_process_run_names_its_log_not_an_empty_tier_split():
+    """In-process LMCache counts no L1/L2 hits: its summary once read 'L1 0, L2 0' beside a 100% hit rate."""
+    from drills.checkers import hit_rate
+    from drills.scenario import HitRateCheck
+
+    result = hit_rate.check(RunView(read_history(FIXTURES / "engine-freeze-mooncake-pass.jsonl")), HitRateCheck(), False)
+    assert "1024/1024 tokens; retrieved per in-process LMCache's log" in result.summary, result.summary
