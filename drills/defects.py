@@ -51,4 +51,10 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D16", "the resp L2 takes max_capacity_gb without an eviction policy and never enforces it, without a "
                   "warning (the fs_native adapter warns): the Redis grows past the cap",
            "LMCache MP server, resp L2 on Redis", ("l2_usage",)),
+    Defect("D17", "the lm:// cache server (lmcache_server) serves a zeroed value silently (hit reported, output "
+                  "wrong): neither the server nor in-process LMCache's remote serde checks what it sends",
+           "LMCache in-process, lm:// cache server", ("correctness", "hit_rate")),
+    Defect("D18", "the lm:// cache server (lmcache_server) binds without SO_REUSEADDR: stopped while an engine is "
+                  "connected, it cannot start again on its port for about a minute (EADDRINUSE)",
+           "LMCache lm:// cache server", ("liveness",)),
 )}

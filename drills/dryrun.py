@@ -62,6 +62,7 @@ class StackView:
     attached: bool = False  # a stack file's services, found running (not started)
     runtime: str | None = None  # a stack file's runtime (attach: found running; processes, compose: started)
     l2_redis: str | None = None  # a resp L2's Redis URL (kv_corrupt reads and writes its values there)
+    l2_lm: str | None = None  # an lm:// cache server's URL (kv_corrupt reads and writes its values there)
 
     @property
     def kind(self) -> type[StackKind]:
@@ -114,6 +115,8 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
     view.urls["toxiproxy"] = view.toxiproxy_url()
     if sc.stack.lmcache.l2_adapter == "resp":
         view.l2_redis = view.urls["redis"] = "redis://127.0.0.1:<free port>"
+    if "lm-server" in services:
+        view.l2_lm = view.urls["lm-server"] = "lm://127.0.0.1:<free port>"
     return view
 
 
@@ -324,7 +327,8 @@ def _disk(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
 def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.kv_corrupt import Bitflip, Stale, Swap
 
-    assert view.l2_dir is not None or view.l2_redis is not None  # Capability.CHUNK_FILES, checked before the planners
+    # Capability.CHUNK_FILES, checked before the planners
+    assert view.l2_dir is not None or view.l2_redis is not None or view.l2_lm is not None
     from drills.prompts_file import prompt_count
 
     n = prompt_count(sc.workload)  # a prompts file's lines, when it has one
@@ -335,17 +339,20 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         return
     if isinstance(p, Bitflip) and p.bit_class == "exponent" and sc.stack.lmcache.l2_serde != "none":
         fp.problems.append("bit_class 'exponent' needs raw fp32 chunks (stack.lmcache.l2_serde: none)")
+    store = view.l2_redis or view.l2_lm
+    kind = "Redis key" if view.l2_redis else "lm:// server key" if view.l2_lm else "chunk file"
 
     def entry(prompt: Any, chunk: int) -> str:
-        # an fs L2's chunk is a file; a resp L2's a Redis key, read and written with a Redis client
-        what = f"<{'chunk file' if view.l2_redis is None else 'Redis key'} of prompt {prompt}, chunk {chunk}>"
-        return str(view.l2_dir / what) if view.l2_redis is None else what
+        # an fs L2's chunk is a file; a resp L2's a Redis key, read and written with a Redis client; an lm:// server's
+        # a key its own protocol reads and writes
+        what = f"<{kind} of prompt {prompt}, chunk {chunk}>"
+        return str(view.l2_dir / what) if store is None else what
 
-    at = "path" if view.l2_redis is None else "key"
+    at = "path" if store is None else "key"
     for pid in ids:
         t: dict[str, Any] = {"prompt": pid, "chunk": p.chunk, at: entry(pid, p.chunk)}
-        if view.l2_redis is not None:
-            t["store_url"] = view.l2_redis
+        if store is not None:
+            t["store_url"] = store
         if isinstance(p, Swap):
             t[f"other_{at}"] = entry(pid, p.chunk + 1 if p.with_chunk is None else p.with_chunk)
         if isinstance(p, Stale):
@@ -358,7 +365,7 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         fp.seeded["bit_positions"] = (f"{p.bits} distinct bit(s) per file, each {draw} from "
                                       f"Random({seeds.fault_rng_seed(sc.seed, fp.id)!r}), files in target order; "
                                       "size is the chunk's size at run time")
-    which = "chunk_files" if view.l2_redis is None else "redis_keys"
+    which = "redis_keys" if view.l2_redis else "lm_keys" if view.l2_lm else "chunk_files"
     fp.seeded[which] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
                         f"{seeds.WORKLOAD.format(seed=sc.seed)!r}); no random choice")
 

@@ -159,6 +159,9 @@ class RunState:
     # the Redis a resp L2 stores in, where the run started it (stack.prepared) or both the journal and the
     # attached stack's file on disk declare it: a value a kv_corrupt of the run damaged there is written back
     redis_l2: set[str] = field(default_factory=set)
+    # the lm:// cache server the run's sandbox-lmserver started (stack.prepared): a value a kv_corrupt of the run
+    # damaged there is written back over the server's own protocol
+    lm_l2: set[str] = field(default_factory=set)
 
     def inside(self, value: Any, *, follow: bool = True, roots: list[Path] | None = None) -> bool:
         """``value`` is an absolute path under one of the run's directories. ``follow``: symlinks
@@ -216,6 +219,7 @@ def run_state(run_dir: Path, history: History) -> RunState:
                     attached=attached, attached_starts=starts,
                     attached_l2=_declared_l2(prepared.data) if prepared is not None else None,
                     redis_l2=_redis_l2(prepared.data) if prepared is not None else set(),
+                    lm_l2=_lm_l2(prepared.data) if prepared is not None else set(),
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -326,6 +330,11 @@ def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], l
             where, url = f"{entry.get('store_url')} key {str(entry.get('key'))[:120]}", entry.get("store_url")
             if url not in state.redis_l2 or not isinstance(entry.get("key"), str):
                 bad.append(f"{where}: not the loopback Redis the run started or its stack file declares as its L2")
+                continue
+        elif entry.get("tier") == "lm":
+            where, url = f"{entry.get('store_url')} key {str(entry.get('key'))[:120]}", entry.get("store_url")
+            if url not in state.lm_l2 or not isinstance(entry.get("key"), str):
+                bad.append(f"{where}: not the loopback lm:// cache server the run started")
                 continue
         else:
             where = path = entry.get("path")
@@ -463,6 +472,16 @@ def _redis_l2(prepared: dict[str, Any]) -> set[str]:
 
     # a Redis URL is judged as the http URL to the same host and port would be: loopback, no credentials
     return {u for u in urls if redis_url_problem(u) is None and _loopback_url("http" + u[len("redis"):]) is None}
+
+
+def _lm_l2(prepared: dict[str, Any]) -> set[str]:
+    """The loopback lm:// cache server a sandbox-lmserver run started: its ``stack.prepared`` names the server's
+    own port (kvdrill reaches it directly, never through the proxy a fault may sit on)."""
+    ports, url = prepared.get("ports"), prepared.get("store_url")
+    if prepared.get("ref") != "sandbox-lmserver" or not isinstance(ports, dict) or type(ports.get("lm_server")) is not int:
+        return set()
+    own = f"lm://127.0.0.1:{ports['lm_server']}"
+    return {own} if url == own else set()
 
 
 def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:

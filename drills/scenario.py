@@ -39,7 +39,7 @@ from injectors.base import registry
 
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13",
-                   "D14", "D15", "D16"]
+                   "D14", "D15", "D16", "D17", "D18"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
                     "score", "production", "l2_usage"]
 OracleSource = Literal["salted", "baseline", "both"]
@@ -230,9 +230,12 @@ class MooncakeSpec(_Strict):
 
 
 class StackSpec(_Strict):
-    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-docker", "sandbox-docker-mooncake", "attach"] = Field(
+    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-lmserver", "sandbox-docker", "sandbox-docker-mooncake",
+                 "attach"] = Field(
         "sandbox", description="which stack runs the drill: sandbox (LMCache MP server, fs L2), "
                                "sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace), "
+                               "sandbox-lmserver (LMCache in vLLM, its remote tier the lm:// cache server "
+                               "lmcache_server, as production-stack deploys it), "
                                "sandbox-docker or sandbox-docker-mooncake (the same two as containers on "
                                "kvdrill's own Docker engine), attach (a stack you run, described by stack.file)")
     file: str | None = Field(None, description="a stack file describing a stack you already run (see "
@@ -285,6 +288,10 @@ class StackSpec(_Strict):
         if (self.ref == "attach") != (self.file is not None):
             raise ValueError("stack.ref: attach and stack.file go together: an attached stack is described by its "
                              "stack file, and a built-in stack has none")
+        if self.ref == "attach" and _attached_topology(self.file) == "lmcache-server":
+            raise ValueError(f"stack file {self.file}: topology lmcache-server (an lm:// cache server) is drilled on "
+                             "the built-in stack.ref: sandbox-lmserver only; attaching a stack of that shape is not "
+                             "built yet")
         return self
 
 

@@ -2,8 +2,9 @@
 
 Targets are named by prompt and chunk index and mapped to L2 entries through LMCache's own token hasher
 (run in the stack venv), so a drill corrupts exactly the chunk the engine will load. Each tier is read and
-written through its own interface (drills/stack/chunk_tiers.py): fs L2 files, or the values of a Redis the
-``resp`` L2 adapter stores in. Both hold raw fp32 tensor bytes with no header (or, with the ``aesgcm`` serde,
+written through its own interface (drills/stack/chunk_tiers.py): fs L2 files, the values of a Redis the
+``resp`` L2 adapter stores in, or the values of LMCache's ``lm://`` cache server (its own wire protocol; it has
+no delete, so that mode is refused there). Both hold raw fp32 tensor bytes with no header (or, with the ``aesgcm`` serde,
 ``[ver][iv][ciphertext][tag]``), and neither is rewritten by a later store of the same key (the fs adapter
 skips a file that exists; the chunk stays in L1 meanwhile), so a corrupted chunk stays corrupted until
 kvdrill heals it from the backup it took before the first byte changed.
@@ -78,7 +79,7 @@ def _digest(data: bytes | None) -> str | None:
 
 def _ref(entry: dict[str, Any]) -> str:
     """The entry an undo record or target names: a file's path, or a Redis key."""
-    return entry["key"] if entry.get("tier") == "redis" else entry["path"]
+    return entry["key"] if entry.get("tier") in ("redis", "lm") else entry["path"]
 
 
 def restore(entries: list[dict[str, Any]]) -> HealReport:
@@ -92,7 +93,13 @@ def restore(entries: list[dict[str, Any]]) -> HealReport:
             # a heal killed between its copy and its rename leaves this temporary file: never a chunk, remove it
             Path(ref).with_name(Path(ref).name + ".kvdrill-heal").unlink(missing_ok=True)
         try:
-            if _digest(tier.read(ref)) == entry["sha256"]:
+            try:
+                now = tier.read(ref)
+            except TIER_ERRORS:
+                # unreadable, not gone: an lm:// value whose PUT a killed kvdrill cut short drops every GET; the
+                # put back below says whether the tier itself answers
+                now = None
+            if _digest(now) == entry["sha256"]:
                 report.already_healed.append(ref)
                 continue
             tier.put_back(ref, Path(entry["backup"]).read_bytes())
@@ -139,10 +146,14 @@ class KvCorrupt(Injector):
         if bad:
             raise InjectionError(f"kv_corrupt: prompts {bad} do not exist; the workload has {len(prompts)} "
                                  f"(indices 0..{len(prompts) - 1})")
-        if isinstance(spec, Bitflip) and spec.bit_class in BIT_CLASSES and \
-                self.ctx.stack.options.lmcache.l2_serde != "none":
+        # a stack without LMCache MP options (in-process LMCache: remote_serde naive) keeps raw chunks
+        serde = getattr(getattr(self.ctx.stack.options, "lmcache", None), "l2_serde", "none")
+        if isinstance(spec, Bitflip) and spec.bit_class in BIT_CLASSES and serde != "none":
             raise InjectionError(f"kv_corrupt: bit_class {spec.bit_class!r} needs raw fp32 chunks, but the L2 "
-                                 f"uses the {self.ctx.stack.options.lmcache.l2_serde!r} serde; use bit_class 'any'")
+                                 f"uses the {serde!r} serde; use bit_class 'any'")
+        if isinstance(spec, Delete) and self.tier.kind == "lm":
+            raise InjectionError("kv_corrupt delete: the lm:// cache server has no delete command; use truncate "
+                                 "with keep_fraction: 0")
         # in a thread: the hashes come from a subprocess of the stack's Python (seconds), and an abort
         # must not wait for it with the event loop blocked
         files = await asyncio.to_thread(self.ctx.stack.chunk_files, [p.token_ids for p in prompts])
@@ -234,7 +245,7 @@ class KvCorrupt(Injector):
             backup.write_bytes(data)
             self._backups[ref] = backup
             self.undo.append({**tier.describe(), at: ref, "backup": str(backup), "sha256": _digest(data),
-                              "size": len(data)})
+                              "size": len(data), **tier.record(ref)})
         # the undo record is durable before the first byte changes, so `kvdrill rollback` can heal a crash
         self.ctx.journal.append("fault.undo", fault_id=self.ctx.fault_id, injector=self.name, restore=self.undo)
         # stale sources may themselves be targets (prompt 0 takes 1's chunk while 1 takes 2's ...): read every

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 import redis
 
+from drills.stack.lm_wire import LmClient, LmEntry, LmServerError, parse_lm_url
+
 # what a tier raises when it cannot be read or written (a file's OSError, a Redis refused or gone)
 TIER_ERRORS: tuple[type[Exception], ...] = (OSError, redis.RedisError)
 
@@ -52,6 +54,10 @@ class ChunkTier(Protocol):
 
     def stats(self) -> dict[str, Any] | None:
         """The tier's own counters at this moment, for the journal's metric points (None: nothing to add)."""
+
+    def record(self, ref: str) -> dict[str, Any]:
+        """What an undo record must carry beside the bytes to put an entry back from another process (an entry
+        read before; empty where the bytes are all)."""
 
 
 class FileTier:
@@ -122,6 +128,9 @@ class FileTier:
     def stats(self) -> None:
         return None  # the fs L2's files are counted by the warm-up and the disk family
 
+    def record(self, ref: str) -> dict[str, Any]:
+        return {}
+
 
 class RedisTier:
     """The resp adapter's Redis (or Valkey) database, reached at ``url`` (redis://host:port[/db])."""
@@ -187,6 +196,90 @@ class RedisTier:
             out.update({f: info.get(f) for f in fields})
         return out
 
+    def record(self, ref: str) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class LmServerTier:
+    """LMCache's own cache server (``lmcache_server HOST PORT cpu``), reached at ``url`` (lm://host:port).
+
+    The server offers PUT, GET, EXIST and HEALTH (drills/stack/lm_wire.py): no listing and no delete. A chunk is
+    named by its full CacheEngineKey string, which the stack computes, and each value carries the fmt, dtype and
+    shape the engine stored it with; a rewrite keeps them, so the engine allocates as before and reads new bytes.
+    """
+
+    kind = "lm"
+    ref_field = "key"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = LmClient(*parse_lm_url(url))
+        self.meta: dict[str, LmEntry] = {}  # key -> its value's fmt/dtype/shape (data empty), as last read
+
+    def describe(self) -> dict[str, Any]:
+        return {"tier": self.kind, "store_url": self.url}
+
+    def locate(self, chunk_hashes: list[str]) -> dict[str, str]:
+        """``chunk_hashes`` are full CacheEngineKey strings here: with no listing, each is asked about."""
+        return {key: key for key in dict.fromkeys(chunk_hashes) if self.client.exists(key)}
+
+    def _get(self, ref: str) -> LmEntry | None:
+        entry = self.client.get(ref)
+        if entry is not None:
+            self.meta[ref] = LmEntry(b"", entry.fmt, entry.dtype, entry.shape)
+        return entry
+
+    def read(self, ref: str) -> bytes | None:
+        entry = self._get(ref)
+        return None if entry is None else entry.data
+
+    def size(self, ref: str) -> int | None:
+        entry = self._get(ref)  # no command answers a length alone: the value comes with it
+        return None if entry is None else len(entry.data)
+
+    def write(self, ref: str, data: bytes) -> None:
+        # the engine stores a key with the same fmt/dtype/shape each time, but a restarted server starts empty: a
+        # rewrite must not create a value that was not there, so a remembered key is still asked about (36 bytes)
+        known = (self.meta.get(ref) or self._get(ref)) if self.client.exists(ref) else None
+        if known is None:
+            raise LmServerError(f"{ref!r} is not on the lm:// server at {self.url}: there is no value to replace "
+                                "(and no fmt/dtype/shape to store one with)")
+        # the server takes any length whatever the shape says, and stores it as sent
+        self.client.put(ref, LmEntry(data, known.fmt, known.dtype, known.shape))
+
+    def put_back(self, ref: str, data: bytes) -> None:
+        self.write(ref, data)  # a PUT replaces a value in one step, under the server's lock
+
+    def delete(self, ref: str) -> None:
+        """Always refused: a caller must refuse a fault that deletes before it changes anything (the stack's
+        ``fault_problems``), so no run is left half-faulted."""
+        raise LmServerError(f"the lm:// cache server has no delete command (LMCache 0.5.6 offers PUT, GET, EXIST and "
+                            f"HEALTH); {ref!r} on {self.url} was left as it is")
+
+    def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
+        # nothing can be removed over this protocol, and nothing needs to be: the server is the run's own process,
+        # its values live in its memory, and the next stack starts a fresh, empty one
+        return {"lm_entries_removed": 0}
+
+    def stats(self) -> None:
+        return None  # the server keeps no counters and offers no command that reports any
+
+    def record(self, ref: str) -> dict[str, Any]:
+        """The value's fmt, dtype and shape: a PUT needs them, and a value whose PUT was cut short (a kvdrill killed
+        mid-write) cannot be read for them any more (its every GET drops the connection)."""
+        known = self.meta[ref]
+        return {"fmt": known.fmt, "dtype": known.dtype, "shape": list(known.shape)}
+
+    def remember(self, ref: str, record: dict[str, Any]) -> None:
+        """Take an entry's fmt/dtype/shape from an undo record (:meth:`record`), for a heal in another process."""
+        shape = record.get("shape")
+        if all(type(record.get(k)) is int for k in ("fmt", "dtype")) and isinstance(shape, list) and len(shape) == 4 \
+                and all(type(d) is int for d in shape):
+            self.meta[ref] = LmEntry(b"", record["fmt"], record["dtype"], tuple(record["shape"]))
+
     def close(self) -> None:
         self.client.close()
 
@@ -212,4 +305,9 @@ def tier_of(record: dict[str, Any]) -> ChunkTier:
     without ``tier`` was written before Redis was a tier: a file."""
     if record.get("tier", "fs") == "redis":
         return RedisTier(record["store_url"])
+    if record.get("tier") == "lm":
+        tier = LmServerTier(record["store_url"])
+        if isinstance(record.get("key"), str):
+            tier.remember(record["key"], record)
+        return tier
     return FileTier(Path(record.get("l2_dir") or Path(record["path"]).parent))

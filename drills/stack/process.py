@@ -46,8 +46,19 @@ class ServiceStartError(StackError):
 
 
 async def health_problem(url: str, http: httpx.AsyncClient, timeout: float = 2.0) -> str | None:
-    """None when a service answers its health check: HTTP 200 on its health URL, or PONG from a Redis
-    (``redis://``: it speaks no HTTP). Otherwise what it answered, or why nothing came."""
+    """None when a service answers its health check: HTTP 200 on its health URL, PONG from a Redis
+    (``redis://``), or SUCCESS to the HEALTH command of LMCache's cache server (``lm://``); the last two speak
+    no HTTP. Otherwise what it answered, or why nothing came."""
+    if url.startswith("lm://"):
+        from drills.stack.lm_wire import LmClient, parse_lm_url
+
+        def ask() -> bool:
+            with LmClient(*parse_lm_url(url), timeout=timeout) as client:
+                return client.health()
+        try:
+            return None if await asyncio.to_thread(ask) else f"health {url}: HEALTH answered FAIL"
+        except OSError as exc:
+            return f"health {url}: {type(exc).__name__}: {exc}"
     if url.startswith("redis://"):
         import redis  # only a stack with a Redis pays for the import (every kvdrill command loads this module)
         import redis.asyncio

@@ -45,20 +45,23 @@ from pydantic_core import PydanticCustomError
 from drills.durations import Duration
 from drills.inputs import MAX_STACK_FILE_BYTES, InputFileError, read_limited
 
-Topology = Literal["lmcache-mp", "lmcache-mooncake"]
+Topology = Literal["lmcache-mp", "lmcache-mooncake", "lmcache-server"]
 # the roles each topology has, the ones it must have, and how a contributor is named
 ROLES: dict[str, tuple[str, ...]] = {
     "lmcache-mp": ("engine", "lmcache", "baseline", "toxiproxy", "redis"),
     "lmcache-mooncake": ("engine", "mooncake-master", "store-<name>", "baseline", "toxiproxy"),
+    "lmcache-server": ("engine", "lm-server", "baseline", "toxiproxy"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {"lmcache-mp": ("engine", "lmcache"),
-                                        "lmcache-mooncake": ("engine", "mooncake-master")}
+                                        "lmcache-mooncake": ("engine", "mooncake-master"),
+                                        "lmcache-server": ("engine", "lm-server")}
 CONTRIBUTOR = re.compile(r"^store-[a-z0-9][a-z0-9-]{0,30}$")
 HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version",
-          "mooncake-master": "/health", "redis": ""}  # a contributor (store-*): /health on its --http_port;
-# redis: PING on its redis:// URL (drills/stack/process.py, health_problem)
+          "mooncake-master": "/health", "redis": "", "lm-server": ""}  # a contributor (store-*): /health on its
+# --http_port; redis: PING on its redis:// URL; lm-server: the HEALTH command on its lm:// URL (drills/stack/process.py,
+# health_problem)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-_ALL_ROLES = ("engine", "lmcache", "baseline", "toxiproxy", "mooncake-master", "redis")
+_ALL_ROLES = ("engine", "lmcache", "baseline", "toxiproxy", "mooncake-master", "redis", "lm-server")
 
 
 def is_contributor(role: str) -> bool:
@@ -346,9 +349,15 @@ class Service(_Strict):
             if (why := redis_url_problem(v)) is not None:
                 raise ValueError(why)
             return v
+        if parts.scheme == "lm":
+            from drills.stack.lm_wire import lm_url_problem
+
+            if (why := lm_url_problem(v)) is not None:
+                raise ValueError(why)
+            return v
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
             raise ValueError("expected a base URL such as http://127.0.0.1:8000 (scheme, host and port, no path; "
-                             "redis://HOST:PORT for the redis role)")
+                             "redis://HOST:PORT for the redis role, lm://HOST:PORT for the lm-server role)")
         return v.rstrip("/")
 
     @property
@@ -363,7 +372,9 @@ class StackFile(_Strict):
     topology: Topology = Field(
         "lmcache-mp", description="the KV shape: lmcache-mp (vLLM with LMCacheMPConnector and an LMCache MP "
                                   "server, with an fs L2) or lmcache-mooncake (vLLM with LMCache in-process, "
-                                  "LMCacheConnectorV1, its remote tier a Mooncake master and contributors)")
+                                  "LMCacheConnectorV1, its remote tier a Mooncake master and contributors) or "
+                                  "lmcache-server (vLLM with LMCache in-process, its remote tier the lm:// cache "
+                                  "server `lmcache_server`, as production-stack deploys it; built-in stack only)")
     runtime: Literal["attach", "processes", "compose"] = Field(
         "attach", description="attach: the services run already, kvdrill finds them (by URL, pid or container) and "
                               "leaves them as it found them; processes: kvdrill starts every service by its "
@@ -378,8 +389,8 @@ class StackFile(_Strict):
                                                                         "name (a control's host: names one)")
     services: dict[Role, Service] = Field(description="by role: lmcache-mp needs engine and lmcache; "
                                                       "lmcache-mooncake needs engine, mooncake-master and at least "
-                                                      "one contributor store-<name>; baseline and toxiproxy are "
-                                                      "optional in both")
+                                                      "one contributor store-<name>; lmcache-server needs engine "
+                                                      "and lm-server; baseline and toxiproxy are optional in each")
 
     @field_validator("name")
     @classmethod
@@ -405,11 +416,15 @@ class StackFile(_Strict):
             if (role == "redis") != svc.url.startswith("redis://"):
                 raise ValueError(f"services.{role}.url: " + ("the redis role is reached at redis://HOST:PORT" if role ==
                                  "redis" else "only the redis role has a redis:// URL"))
-            if role == "redis" and (svc.health is not None or "metrics" in svc.model_fields_set and svc.metrics):
-                raise ValueError("services.redis: Redis speaks no HTTP; kvdrill checks it with PING, so leave health "
+            if (role == "lm-server") != svc.url.startswith("lm://"):
+                raise ValueError(f"services.{role}.url: " + ("the lm-server role is reached at lm://HOST:PORT" if role ==
+                                 "lm-server" else "only the lm-server role has an lm:// URL"))
+            if role in ("redis", "lm-server") and (svc.health is not None or "metrics" in svc.model_fields_set and svc.metrics):
+                who, how = ("Redis", "PING") if role == "redis" else ("the lm:// cache server", "its HEALTH command")
+                raise ValueError(f"services.{role}: {who} speaks no HTTP; kvdrill checks it with {how}, so leave health "
                                  "and metrics out")
             if "chunk_size" in svc.model_fields_set and role != "lmcache" and not (
-                    role == "engine" and self.topology == "lmcache-mooncake"):
+                    role == "engine" and self.topology in ("lmcache-mooncake", "lmcache-server")):
                 raise ValueError(f"services.{role}.chunk_size: only the lmcache server's (lmcache-mp) or the engine's "
                                  "in-process LMCache (lmcache-mooncake) has a chunk size")
             if "hash_algorithm" in svc.model_fields_set and role != "lmcache":
@@ -466,7 +481,8 @@ class StackFile(_Strict):
             missing.append("a contributor store-<name>")
         if missing:
             what = {"lmcache-mp": "an engine and an lmcache server",
-                    "lmcache-mooncake": "an engine, a mooncake-master and the contributors that hold its data"}
+                    "lmcache-mooncake": "an engine, a mooncake-master and the contributors that hold its data",
+                    "lmcache-server": "an engine and the lm:// cache server its in-process LMCache stores in"}
             raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has {what[self.topology]}")
 
     def _check_runtime(self) -> None:

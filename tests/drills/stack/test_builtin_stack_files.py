@@ -12,7 +12,7 @@ import pytest
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack import docker_mooncake, docker_sandbox, mooncake, sandbox
+from drills.stack import docker_mooncake, docker_sandbox, lmserver, mooncake, sandbox
 from drills.stack.netns import NetNamespace
 from drills.stack.sandbox import render_stack_file
 from drills.stack.stackfile import load_stack_file
@@ -26,8 +26,8 @@ def _placeholders(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("kind", "lmcache"), [(sandbox.SandboxStack, {}), (sandbox.SandboxStack, {"l2_adapter": "resp"}),
-                                               (mooncake.MooncakeStack, {})],
-                         ids=["sandbox", "sandbox-redis-l2", "sandbox-mooncake"])
+                                               (mooncake.MooncakeStack, {}), (lmserver.LmServerStack, {})],
+                         ids=["sandbox", "sandbox-redis-l2", "sandbox-mooncake", "sandbox-lmserver"])
 def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_are_the_stacks(kind, lmcache, tmp_path):
     stack = kind.from_spec(StackSpec(ref=kind.ref, lmcache=lmcache), tmp_path / "run", Journal(tmp_path),
                            httpx.AsyncClient())
