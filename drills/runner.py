@@ -236,10 +236,11 @@ class Runner:
                 if verdict != "error":  # the live check and the stored one must agree; never a silent PASS
                     verdict, reason = "error", str(exc)
             except ServiceStartError as exc:
-                if exc.service not in UNDER_TEST or not self._vllm_proven():
+                if not (exc.service in UNDER_TEST and self._vllm_proven()) and not self._was_healthy(exc.service):
                     verdict, reason = "error", str(exc)
                 else:
-                    # the engine under test never came up: that is the drill's finding, judged by liveness
+                    # the engine under test never came up, or a service that was healthy in this run did not come
+                    # back from a restart with the same command: that is the drill's finding, judged by liveness
                     # from the service.start_failed event (checkers.run_checks runs only what can judge it)
                     self.journal.append("drill.cut_short", service=exc.service, returncode=exc.returncode,
                                         waited_s=exc.waited_s, reason=f"{exc.service} did not start")
@@ -655,6 +656,12 @@ class Runner:
         not a broken install or a host out of memory."""
         return bool(self.reused_from) or any(e.data.get("service") in ("baseline", "engine")
                                              for e in self.journal_events("service.healthy"))
+
+    def _was_healthy(self, service: str) -> bool:
+        """``service`` answered its health check earlier in this run: then a start that fails now (a fault's
+        restart, a heal) is the service's own failure to restart, not a broken install (e.g. LMCache's lm://
+        cache server cannot bind its port again for a minute after it stops with a client connected, D18)."""
+        return any(e.data.get("service") == service for e in self.journal_events("service.healthy"))
 
     def journal_events(self, type_: str):
         return read_history(self.journal.path).of_type(type_)

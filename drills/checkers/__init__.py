@@ -34,8 +34,9 @@ def _run_checks(history: History, checks: ChecksSpec) -> list[CheckResult]:
     malformed = evidence.malformed_events(history)
     results: list[CheckResult] = []
     if history.first("drill.cut_short") is not None:
-        # the engine never came up (drills/runner.py): there are no answers to compare, no hit rate and
-        # no drain, so only liveness can say anything; the others are "not run", never passed
+        # the engine never came up, or a service did not come back from a restart (drills/runner.py): the drill
+        # stopped there, with no answers or drain to judge, so only liveness can say anything; the others are
+        # "not run", never passed
         if not checks.liveness.enabled:  # never a PASS of a drill whose engine did not run
             return [CheckResult("liveness", "error", "the engine never came up, and liveness, the only check "
                                                      "that can judge that, is disabled in this scenario")]

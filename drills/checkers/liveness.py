@@ -40,13 +40,14 @@ def check(view: RunView, opts: LivenessCheck) -> CheckResult:
                "returncode": e.data.get("returncode"), "log_tail": e.data.get("log_tail", [])[-8:]}
               for e in view.history.of_type("service.died")]
     # a failed start the runner recovered from (a suite's repair, then a fresh stack) is no finding;
-    # the one that cut the drill short is
-    cut_short = view.history.first("drill.cut_short") is not None
+    # the one that cut the drill short is (the engine's, or a restart of a service that had been healthy)
+    cut = view.history.first("drill.cut_short")
+    cut_service = cut.data.get("service") if cut is not None else None
     deaths += [{"kind": "start_failed", "ref": e.ref, "phase": e.phase, "at": e.ts, "service": e.data.get("service"),
                 "returncode": e.data.get("returncode"), "waited_s": e.data.get("waited_s"),
                 "summary": e.data.get("summary"), "log": e.data.get("log"), "log_tail": e.data.get("log_tail", [])}
-               for e in view.history.of_type("service.start_failed") if e.data.get("service") == "engine"
-               and cut_short]
+               for e in view.history.of_type("service.start_failed")
+               if cut_service is not None and e.data.get("service") == cut_service]
     answered = sum(1 for e in view.responses if e.data.get("target") == "engine" and e.data.get("ok"))
     details = {"answered": answered, "incidents": len(incidents), "expected_unavailable": expected,
                "deaths": len(deaths)}

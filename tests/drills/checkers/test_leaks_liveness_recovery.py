@@ -208,6 +208,25 @@ def test_an_engine_that_never_comes_up_fails_liveness_with_its_root_cause(tmp_pa
     assert off.verdict == "error" and "never came up" in off.summary  # never a PASS without the engine
 
 
+def test_a_cache_server_that_cannot_restart_fails_liveness_with_its_own_error_line(tmp_path: Path):
+    """Defect D18: the lm:// cache server, restarted by a fault, cannot bind its port again; the runner cuts the
+    drill short (the server had been healthy in this run) and liveness names the server's error, not the engine."""
+    j = Journal(tmp_path / "a")
+    _oracle(j)
+    j.phase = "chaos"
+    tail = ["Traceback (most recent call last):", "    self.server_socket.bind((host, port))",
+            "OSError: [Errno 98] Address already in use"]
+    j.append("service.start_failed", service="lm-server", pid=9, generation=2, returncode=1, waited_s=3.0,
+             startup_deadline_s=60.0, summary="lm-server exited with code 1 before becoming healthy",
+             log="logs/lm-server.log", log_tail=tail)
+    j.append("drill.cut_short", service="lm-server", returncode=1, waited_s=3.0, reason="lm-server did not start")
+    j.close()
+    [result] = run_checks(read_history(tmp_path / "a"), ChecksSpec())
+    assert result.name == "liveness" and result.verdict == "fail"
+    assert result.summary == ("lm-server exited with code 1 before becoming healthy in chaos (after 3.0s): OSError: "
+                              "[Errno 98] Address already in use")
+
+
 def test_a_baseline_that_never_comes_up_is_no_liveness_finding(tmp_path: Path):
     j = Journal(tmp_path / "a")
     _oracle(j)
