@@ -57,4 +57,7 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D18", "the lm:// cache server (lmcache_server) binds without SO_REUSEADDR: stopped while an engine is "
                   "connected, it cannot start again on its port for about a minute (EADDRINUSE)",
            "LMCache lm:// cache server", ("liveness",)),
+    Defect("D19", "in-process LMCache's lm:// connector never reconnects once its connection broke (LMCache #3565): "
+                  "every later put fails with Broken pipe and every lookup misses while the server holds the KV",
+           "LMCache in-process, lm:// cache server", ("recovery",)),
 )}
