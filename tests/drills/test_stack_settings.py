@@ -74,3 +74,19 @@ def test_a_list_placeholder_is_spliced_into_argv_and_an_empty_one_leaves_nothing
 def test_a_setting_kvdrill_owns_or_that_leaves_loopback_is_refused_with_what_to_use(spec, says):
     with pytest.raises(ValidationError, match=says.replace("(", r"\(").replace(")", r"\)")):
         StackSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize(("ref", "says"), [
+    ("sandbox", {"l2": {"adapter": "fs", "serde": "none"}, "lmcache_transfer_mode": "lmcache_driven"}),
+    ("sandbox-mooncake", {"remote": {"scheme": "mooncakestore://", "serde": "naive", "local_cpu": False},
+                          "kv_connector": "LMCacheConnectorV1, in-process with kvdrill's CPU shim"}),
+    ("sandbox-lmserver", {"remote": {"scheme": "lm://", "serde": "naive", "local_cpu": False,
+                                     "server": "lmcache_server, from the stack venv's lmcache"}}),
+])
+def test_the_versions_manifest_names_the_kv_path_the_stack_really_has(ref, says):
+    """In-process stacks' manifests once claimed the MP server's fs L2 and transfer mode."""
+    from drills.report.manifest import kv_path
+
+    got = kv_path(StackSpec(ref=ref))
+    assert {k: got.get(k) for k in says} == says
+    assert ("l2" in got) is (ref == "sandbox")
