@@ -2,7 +2,7 @@
 real run-owned objects and drives the real injectors' plan/inject/verify/heal over them, again and again,
 until the test SIGKILLs it.
 
-    python -m tests.real.kill_harness RUN_DIR VARIANT SEED --toxiproxy URL --chunks DIR [--redis URL]
+    python -m tests.real.kill_harness RUN_DIR VARIANT SEED --toxiproxy URL --chunks DIR [--redis URL] [--lm URL]
 
 It journals exactly as the runner does (``run.started``, ``fault.planned``, the injector's own
 ``fault.undo`` / ``fault.injected``, ``fault.fired``/``verified``/``healed``) and builds its stack parts
@@ -13,7 +13,9 @@ is shared with the test and outlives every kill: the Toxiproxy server (its proxi
 kvdrill toxic and enabled); the chunk files are copied into the run's own stack directory before each
 point, as a drill's L2 lives in its run, and each must end with its original sha256. The ``kv-redis-*``
 variants corrupt the values of the test's redis-server instead (a Redis L2, ``l2_adapter: resp``): the
-harness journals it as its L2 in ``stack.prepared`` as the sandbox does, and every value must end as it was.
+harness journals it as its L2 in ``stack.prepared`` as the sandbox does, and every value must end as it was. The
+``kv-lm-*`` variants do the same with the values of the test's lm:// cache server (``lmcache_server``), journaled as
+sandbox-lmserver journals its server.
 
 Progress goes to RUN_DIR/harness.log, one line per step, so the test can say where each kill landed.
 """
@@ -34,7 +36,8 @@ import httpx
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack.chunk_tiers import FileTier, RedisTier
+from drills.stack.chunk_tiers import FileTier, LmServerTier, RedisTier
+from drills.stack.lm_wire import LmEntry
 from drills.stack.netns import NetNamespace
 from drills.stack.process import ProcessDriver, ServiceSpec
 from drills.stack.sandbox import ChunkFile, SandboxStack, free_port
@@ -53,6 +56,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "kv-redis-zero": ("kv_corrupt", {"mode": "zero", "chunk": 1}, {"redis": True}),
     "kv-redis-bitflip": ("kv_corrupt", {"mode": "bitflip", "chunk": 0, "bits": 64, "prompts": [0, 1]}, {"redis": True}),
     "kv-redis-swap": ("kv_corrupt", {"mode": "swap", "chunk": 0, "with_chunk": 1, "prompts": [2]}, {"redis": True}),
+    "kv-lm-zero": ("kv_corrupt", {"mode": "zero", "chunk": 1}, {"lm": True}),
+    "kv-lm-truncate": ("kv_corrupt", {"mode": "truncate", "chunk": 0, "keep_fraction": 0.0}, {"lm": True}),
+    "kv-lm-stale": ("kv_corrupt", {"mode": "stale", "chunk": 1, "prompts": [0]}, {"lm": True}),
     "disk-fill-tmpfs": ("disk", {"mode": "fill", "percent": 70}, {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}),
     "disk-full-ext4": ("disk", {"mode": "full"}, {"l2_fs": {"kind": "ext4", "size": "16MiB"}}),
     "disk-inodes": ("disk", {"mode": "inodes"}, {"l2_fs": {"kind": "tmpfs", "size": "16MiB", "inodes": 2048}}),
@@ -87,7 +93,7 @@ class MiniStack:
     """The parts of a sandbox stack the injectors use, built by the sandbox's own code."""
 
     def __init__(self, run_dir: Path, journal: Journal, http: httpx.AsyncClient, toxiproxy: str, chunks: Path,
-                 redis_url: str | None = None) -> None:
+                 redis_url: str | None = None, lm_url: str | None = None, lm_seed: int = 0) -> None:
         self.run_dir, self.journal, self.http = run_dir, journal, http
         self.options = StackSpec(lmcache={"l2_adapter": "resp"} if redis_url else {})
         self.driver = ProcessDriver(run_dir / "logs", journal)
@@ -100,7 +106,8 @@ class MiniStack:
         self.toxiproxy_token_file.parent.mkdir(parents=True, exist_ok=True)
         self.toxiproxy_token_file.write_text(TOKEN)
         self.chunks = chunks
-        self.tier = RedisTier(redis_url) if redis_url else FileTier(chunks)
+        self.tier = RedisTier(redis_url) if redis_url else LmServerTier(lm_url) if lm_url else FileTier(chunks)
+        self.lm_seed = lm_seed
         self.netns: NetNamespace | None = None
         self.netns_created = False
         self.ports = {"master_rpc": free_port()}
@@ -140,9 +147,12 @@ class MiniStack:
     def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:
         if isinstance(self.tier, RedisTier):
             refs = sorted(k.decode() for k in self.tier.client.scan_iter(match="*@*@*@*"))
+        elif isinstance(self.tier, LmServerTier):  # the server lists nothing: the keys the test stored
+            refs = sorted(lm_values(self.lm_seed))
         else:
             refs = [str(f) for f in sorted(self.chunks.glob("*.data"))]
-        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=ref.rpartition("@")[2], path=ref)
+        lm = isinstance(self.tier, LmServerTier)  # an lm:// key ends in its dtype, its hash before it
+        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=ref.split("@")[-2] if lm else ref.rpartition("@")[2], path=ref)
                  for c, ref in enumerate(refs[p * CHUNKS_PER_PROMPT:(p + 1) * CHUNKS_PER_PROMPT])]
                 for p in range(len(token_lists))]
 
@@ -152,14 +162,27 @@ def step(log: Path, text: str) -> None:
         fh.write(f"{time.monotonic():.3f} {text}\n")
 
 
-async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: Path, redis_url: str | None) -> None:
+def lm_values(seed: int) -> dict[str, LmEntry]:
+    """The 6 values the test stores in its lm:// server (keys shaped as in-process LMCache's), from its seed."""
+    rng = random.Random(seed)
+    return {f"/models/m@1@0@{rng.getrandbits(60):x}@float": LmEntry(rng.randbytes(64 * 1024), 1, 4, (1, 2, 64, 128))
+            for _ in range(6)}
+
+
+async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: Path, redis_url: str | None,
+               lm_url: str | None, lm_seed: int) -> None:
     family, params, needs = VARIANTS[variant]
     log = run_dir / "harness.log"
     journal = Journal(run_dir)
     journal.append("run.started", run_id=run_dir.name, name=f"kill-{variant}", seed=seed, kvdrill_pid=None)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
         redis_url = redis_url if needs.get("redis") else None
-        stack = MiniStack(run_dir, journal, http, toxiproxy, chunks, redis_url)
+        lm_url = lm_url if needs.get("lm") else None
+        stack = MiniStack(run_dir, journal, http, toxiproxy, chunks, redis_url, lm_url, lm_seed)
+        if lm_url:  # as sandbox-lmserver journals its server: rollback writes back only into it
+            port = int(lm_url.rpartition(":")[2])
+            journal.append("stack.prepared", ref="sandbox-lmserver", ports={"lm_server": port, "lm_server_proxy": port + 1},
+                           store_url=lm_url)
         if redis_url:  # the run's L2 adapter, as the sandbox journals it: rollback writes back only into it
             port = int(redis_url.rpartition(":")[2])
             # as the sandbox journals it: the adapter (LMCache goes through the proxy) and the Redis's own port
@@ -206,5 +229,7 @@ if __name__ == "__main__":
     ap.add_argument("--toxiproxy", required=True)
     ap.add_argument("--chunks", type=Path, required=True)
     ap.add_argument("--redis", default=None, help="the test's Redis, for the kv-redis-* variants")
+    ap.add_argument("--lm", default=None, help="the test's lm:// cache server, for the kv-lm-* variants")
+    ap.add_argument("--lm-seed", type=int, default=0, help="the seed its values were made from (lm_values)")
     a = ap.parse_args()
-    asyncio.run(main(a.run_dir.resolve(), a.variant, a.seed, a.toxiproxy, a.chunks.resolve(), a.redis))
+    asyncio.run(main(a.run_dir.resolve(), a.variant, a.seed, a.toxiproxy, a.chunks.resolve(), a.redis, a.lm, a.lm_seed))

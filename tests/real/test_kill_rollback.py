@@ -19,7 +19,8 @@ Design (cost matters: a full sandbox drill is minutes of vLLM start-up, so 50 of
   shrink, readonly, readonly and errno through the fault filesystem, tmpfs and ext4), network (Toxiproxy
   toxics and down; kernel bandwidth, down and loss in a namespace) and process (stop, kill, term,
   restart) and kv_corrupt on a Redis L2 (zero, bitflip, swap: the values of a redis-server the test runs,
-  each back to its bytes after rollback). ``model`` is not here: its swap needs engines to restart; its undo
+  each back to its bytes after rollback) and on an lm:// cache server (zero, truncate, stale: the values of an
+  ``lmcache_server`` the test runs, each back to its bytes, format, dtype and shape after rollback). ``model`` is not here: its swap needs engines to restart; its undo
   is unit-tested.
   The Toxiproxy server and the chunk files are the test's, shared by every point, so their state after
   rollback is the proof (a run-owned server would take its toxics with it when stopped). The chunk
@@ -56,12 +57,14 @@ import redis
 
 from drills.journal import read_history
 from drills.rollback import rollback
+from drills.stack.lm_wire import LmClient, parse_lm_url
 from drills.stack.netns import NETNS_DIR
 from drills.stack.process import group_members, tagged_pids
 from drills.stack.sandbox import free_port
 from drills.toxiproxy import api_headers
+from tests.lm_server import lm_server
 from tests.real.conftest import ARTIFACTS, KVDRILL, REPO
-from tests.real.kill_harness import TOKEN, TOKEN_FILE, VARIANTS
+from tests.real.kill_harness import TOKEN, TOKEN_FILE, VARIANTS, lm_values
 
 pytestmark = pytest.mark.real
 
@@ -107,6 +110,17 @@ def redis_l2(tmp_path_factory):
     client.close()
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=10)
+
+
+LM_SEED = SEED + 8
+
+
+@pytest.fixture(scope="module")
+def lm_store(tmp_path_factory):
+    """An lm:// cache server shared by every kill point (it outlives each kill, as a run's server outlives a SIGKILLed
+    kvdrill), holding the harness's 6 values (kill_harness.lm_values)."""
+    with lm_server(tmp_path_factory.mktemp("lmserver")) as url, LmClient(*parse_lm_url(url)) as client:
+        yield url, client, lm_values(LM_SEED)
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +208,8 @@ def _rollback(run: Path, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
-                       toxiproxy: str | None, where: str, redis_values: tuple[Any, dict[str, bytes]] | None = None) -> None:
+                       toxiproxy: str | None, where: str, redis_values: tuple[Any, dict[str, bytes]] | None = None,
+                       lm: tuple[Any, dict[str, Any]] | None = None) -> None:
     first = _rollback(run)
     assert first.returncode == 0, f"{where}: rollback failed:\n{first.stdout}\n{first.stderr}"
     history = read_history(run)
@@ -217,6 +232,10 @@ def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
         client, values = redis_values
         wrong = [k for k, v in values.items() if client.get(k) != v]
         assert not wrong and client.dbsize() == len(values), f"{where}: Redis values not restored: {wrong}\n{first.stdout}"
+    if lm is not None:
+        client, entries = lm
+        wrong = [k for k, v in entries.items() if client.get(k) != v]  # bytes, format, dtype and shape
+        assert not wrong, f"{where}: lm:// values not restored: {wrong}\n{first.stdout}"
     assert len(history.problems) <= 1, f"{where}: journal unreadable: {history.problems}"  # at most the torn line
     verdict = history.first("verdict")
     assert verdict is not None and verdict.data["verdict"] in ("aborted", "pass", "fail", "error"), where
@@ -225,7 +244,7 @@ def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
     assert second.ok and not second.of("undone"), f"{where}: second rollback undid {second.of('undone')}"
 
 
-def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2):
+def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2, lm_store):
     rng = random.Random(SEED)
     names = sorted(VARIANTS)
     order = [names[i % len(names)] for i in range(POINTS)]
@@ -245,10 +264,15 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2):
         if on_redis:  # every point starts from the original values
             redis_l2[1].flushdb()
             redis_l2[1].mset(redis_l2[2])
+        on_lm = VARIANTS[variant][2].get("lm", False)
+        if on_lm:
+            for key, entry in lm_store[2].items():
+                lm_store[1].put(key, entry)
         during_setup = rng.random() < 0.15
         delay = rng.uniform(0.0, 0.8) if during_setup else rng.uniform(0.0, 2.5)
         proc = subprocess.Popen([sys.executable, "-m", "tests.real.kill_harness", str(run), variant, str(SEED + n),
-                                 "--toxiproxy", toxiproxy, "--chunks", str(run_chunks), "--redis", redis_l2[0]],
+                                 "--toxiproxy", toxiproxy, "--chunks", str(run_chunks), "--redis", redis_l2[0],
+                                 "--lm", lm_store[0], "--lm-seed", str(LM_SEED)],
                                 stdout=(run / "harness.out").open("w"), stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -275,7 +299,7 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2):
         assert exited is None, f"harness died on its own before the kill: {point}\n{(run / 'harness.out').read_text()[-3000:]}"
         assert not any("NOT EFFECTIVE" in s for s in steps), f"{point}: an injection did not take effect: {steps[-3:]}"
         assert_rolled_back(run, (run_chunks, chunks[1]), toxiproxy, f"kill point {point}",
-                           redis_l2[1:] if on_redis else None)
+                           redis_l2[1:] if on_redis else None, lm_store[1:] if on_lm else None)
     record.close()
     print(f"{POINTS} kill points in {time.monotonic() - started:.0f}s; last step before each kill: {landed}")
     assert POINTS >= 50 or os.environ.get("KVDRILL_KILL_POINTS"), "the campaign needs at least 50 kill points"
