@@ -120,14 +120,7 @@ def markdown(doc: dict[str, Any], history: History, record: dict[str, Any] | Non
             if len(c["evidence"]) > 20:
                 out.append(f"- … {len(c['evidence']) - 20} more in verdict.json")
     out += _score_section(doc)
-    out += ["", "## Hit rate by phase", "", "| phase | LMCache hit/requested tokens | L1 / L2 hit tokens | vLLM external hits/queries | vLLM APC hits/queries |",
-            "|---|---|---|---|---|"]
-    for phase, r in doc["metrics"]["per_phase"].items():
-        rate = r.get("hit_rate_tokens")
-        out.append(f"| {phase} | {r['lmcache_hit_tokens']:.0f}/{r['lmcache_requested_tokens']:.0f}"
-                   f"{f' ({rate:.0%})' if rate is not None else ''} | {r['lmcache_l1_hit_tokens']:.0f} / "
-                   f"{r['lmcache_l2_hit_tokens']:.0f} | {r['vllm_external_hits']:.0f}/{r['vllm_external_queries']:.0f} | "
-                   f"{r['vllm_apc_hits']:.0f}/{r['vllm_apc_queries']:.0f} |")
+    out += hit_rate_section(doc["metrics"]["per_phase"])
     out += _l2_counters_section(history)
     out += first_repeat_section(history)
     out += _fallback_section(history)
@@ -215,6 +208,22 @@ def _left_as_found(history: History) -> list[str]:
     out = ["", f"**The attached stack was NOT left as found**{again} ({left.ref}):", ""]
     for name, d in (left.data.get("differs") or {}).items():
         out.append(f"- `{name}`: found {_clip(str(d.get('found')), 160)}, left {_clip(str(d.get('left')), 160)}")
+    return out
+
+
+def hit_rate_section(per_phase: dict[str, dict[str, Any]]) -> list[str]:
+    out = ["", "## Hit rate by phase", "", "| phase | LMCache hit/requested tokens | L1 / L2 hit tokens | vLLM external "
+           "hits/queries | vLLM APC hits/queries |", "|---|---|---|---|---|"]
+    for phase, r in per_phase.items():
+        rate = r.get("hit_rate_tokens")
+        # in-process LMCache counts no tiers (its hits are its log's retrieved tokens): "0 / 0" would read as
+        # nothing served, so the cell says there is no split
+        split = ("no split (in-process)" if r.get("hit_rate_source") == "engine_log_retrieved_tokens"
+                 else f"{r['lmcache_l1_hit_tokens']:.0f} / {r['lmcache_l2_hit_tokens']:.0f}")
+        out.append(f"| {phase} | {r['lmcache_hit_tokens']:.0f}/{r['lmcache_requested_tokens']:.0f}"
+                   f"{f' ({rate:.0%})' if rate is not None else ''} | {split} | "
+                   f"{r['vllm_external_hits']:.0f}/{r['vllm_external_queries']:.0f} | "
+                   f"{r['vllm_apc_hits']:.0f}/{r['vllm_apc_queries']:.0f} |")
     return out
 
 

@@ -183,3 +183,10 @@ def test_the_hit_rate_check_of_an_in_process_run_names_its_log_not_an_empty_tier
 
     result = hit_rate.check(RunView(read_history(FIXTURES / "engine-freeze-mooncake-pass.jsonl")), HitRateCheck(), False)
     assert "1024/1024 tokens; retrieved per in-process LMCache's log" in result.summary, result.summary
+    from drills.report.markdown import hit_rate_section
+
+    rows = result.details["per_phase"]
+    table = "\n".join(hit_rate_section(rows))
+    assert "| chaos | 1024/1024 (100%) | no split (in-process) |" in table, table
+    server = dict(rows["chaos"], hit_rate_source="lmcache_server", lmcache_l1_hit_tokens=256, lmcache_l2_hit_tokens=768)
+    assert "| chaos | 1024/1024 (100%) | 256 / 768 |" in "\n".join(hit_rate_section({"chaos": server}))
