@@ -123,6 +123,14 @@ def hold_problems(sc: Scenario) -> list[str]:
     return why
 
 
+def _unrecovered(results: list[CheckResult]) -> str | None:
+    """Why a suite must not hand this stack on as it is: its recovery check failed, so after the heal it still
+    did not answer correctly (D19: the engine's lm:// connector never reconnects, and a later drill on that
+    stack found the server holding none of its chunks). Repaired first where the stack can be, else stopped."""
+    failed = next((r for r in results if r.name == "recovery" and r.verdict == "fail"), None)
+    return None if failed is None else f"its recovery check failed ({failed.summary}), so it is repaired or replaced"
+
+
 def new_run_id(name: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{uuid.uuid4().hex[:6]}"
 
@@ -152,6 +160,7 @@ class Runner:
         self.reused_from: list[str] = []
         self.reusable = False  # set once the drill completed, healed and drained
         self.completed = False  # the drill ran to its end (whatever the verdict) and every heal succeeded
+        self._unrecovered: str | None = None  # why the stack did not come back after heal (its recovery check)
         self.prompts: PromptSet | None = None
         self.fresh: PromptSet | None = None
         self._sampler: asyncio.Task | None = None
@@ -218,6 +227,7 @@ class Runner:
                         history = read_history(self.journal.path)
                         self._checked_through = history.events[-1].seq if history.events else None
                         results = checkers.run_checks(history, self.scenario.checks)
+                    self._unrecovered = _unrecovered(results)
                     self._effect = effect.assess(RunView(history))
                     verdict, reason = overall(results, self._effect)
             except asyncio.CancelledError:
@@ -761,7 +771,7 @@ class Runner:
             return
         if self.pool is not None:
             dirty = (None if self.reusable else "the drain did not bring every count back to its pre-chaos value"
-                     ) or self._loaded_damaged_kv()
+                     ) or self._loaded_damaged_kv() or self._unrecovered
             if self.completed and self.scenario.stack.reuse and (dirty is None or self.stack.repairable):
                 self.pool.keep(self.scenario.stack, self.stack, self.scenario.seed, self.run_id, dirty=dirty)
                 self.journal.append("stack.left_running", stack_dir=str(self.stack.run_dir),

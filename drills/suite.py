@@ -102,7 +102,7 @@ def _write_variants(entries: list[SuiteEntry], suite_dir: Path) -> None:
 
 def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
     """Group by stack spec in order of first appearance, keeping the given order inside a group, except
-    that a drill expected to fail its leaks check (or to end ERROR) runs last in its group: it leaves a
+    that a drill expected to fail its leaks or recovery check (or to end ERROR) runs last in its group: it leaves a
     stack the pool will not hand on, so anything after it would need a fresh one; and among the rest, the
     drills whose oracle needs the baseline engine run first."""
     groups: dict[str, list[SuiteEntry]] = {}
@@ -114,7 +114,9 @@ def order_for_reuse(entries: list[SuiteEntry]) -> list[SuiteEntry]:
         # while one started without a baseline could not serve it
         sc = e.loaded.scenario
         # an expected ERROR (D13's control) stops its stack too: no drill completes on it
-        dirty = bool(sc.expect and ("leaks" in sc.expect.failing_checks or sc.expect.verdict == "error"))
+        # and one expected to fail recovery leaves a stack that did not come back (drills/runner.py _unrecovered)
+        dirty = bool(sc.expect and ({"leaks", "recovery"} & set(sc.expect.failing_checks)
+                                    or sc.expect.verdict == "error"))
         return dirty, not sc.stack.baseline
 
     return [e for group in groups.values() for e in sorted(group, key=order)]

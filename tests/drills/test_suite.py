@@ -84,6 +84,26 @@ def test_a_drill_expected_to_leak_runs_last_on_its_stack(tmp_path):
     assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["a", "b", "leaky", "m"]
 
 
+def test_a_drill_expected_to_fail_recovery_runs_last_on_its_stack(tmp_path):
+    """D19's control leaves an engine that never reconnects to its lm:// server: make test's catalogue ran
+    D17's control on that stack next, and its warm-up found the server holding none of its chunks."""
+    stuck = tmp_path / "stuck.yaml"
+    stuck.write_text("name: stuck\nseed: 9\n" + BASE + "expect: {verdict: fail, failing_checks: [recovery]}\n")
+    entries, _ = load_all([stuck, scenario(tmp_path, "a"), scenario(tmp_path, "b", seed=2)])
+    assert [e.loaded.scenario.name for e in order_for_reuse(entries)] == ["a", "b", "stuck"]
+
+
+def test_a_stack_that_did_not_recover_is_not_handed_on_as_it_is():
+    from drills.checkers.base import CheckResult
+    from drills.runner import _unrecovered
+
+    ok = [CheckResult("correctness", "fail", "2 wrong"), CheckResult("recovery", "pass", "all correct")]
+    assert _unrecovered(ok) is None
+    assert _unrecovered([CheckResult("recovery", "error", "no recovery wave")]) is None
+    why = _unrecovered([CheckResult("recovery", "fail", "no wave was correct")])
+    assert why is not None and "recovery check failed (no wave was correct)" in why
+
+
 def test_a_scenario_needing_another_stack_is_listed_as_not_run_never_passed(tmp_path):
     needs = scenario(tmp_path, "gpu-only")
     needs.write_text(needs.read_text() + "requires: {stack: compose/gpu, why: needs a CUDA engine}\n"

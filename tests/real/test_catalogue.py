@@ -39,6 +39,8 @@ pytestmark = pytest.mark.real
 # - store: the controls d06-d09 and their twins stay; mooncake-3688 and mooncake-935 move;
 # - Redis L2: the controls d14, d15 and d16 stay; their twins d14-twin and d16-twin move (each needs a fresh stack
 #   of its own, 1.3 min), as do redis-maxmemory-evictions and net-redis-link-reset;
+# - lm:// cache server (sandbox-lmserver): the controls d17, d18 and d19 (basics/net-lm-link-reset) stay, a fresh
+#   stack each (about 1.3 min);
 # - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) moves too, and runs on an attached stack in
 #   test_attach.py (also in make test-catalogue).
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
@@ -103,7 +105,9 @@ def test_scenario_reaches_its_declared_verdict(catalogue, scenario):
                                    f"{doc['expectation']}\nreport: {run_dir / 'report.md'}")
     planned = list(_events(run_dir, "fault.planned"))
     verified = list(_events(run_dir, "fault.verified"))
-    assert len(verified) == len(planned) and all(e["data"]["effective"] for e in verified)
+    assert all(e["data"]["effective"] for e in verified)
+    # a drill cut short by a service that did not come back from the fault's restart (d18) has no proof to take
+    assert len(verified) == len(planned) or next(_events(run_dir, "drill.cut_short"), None) is not None
     assert len(list(_events(run_dir, "fault.healed"))) == len(planned)
     # every live target passed the isolation rules (a refusal is an ERROR, so exit 0 above proves it), and
     # every fault drew from the rng the scenario seed names, recorded where a replay can read it back
