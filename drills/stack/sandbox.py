@@ -28,7 +28,7 @@ from ruamel.yaml import YAML
 from drills.inputs import MAX_COMPOSE_FILE_BYTES, read_text_limited
 from drills.journal import Journal
 from drills.observe.lmcache_status import leak_counts
-from drills.pins import cache_home, stack_python, stack_venv
+from drills.pins import cache_home, redis_server, stack_python, stack_venv
 from drills.scenario import StackSpec
 from drills.shipped import COMPOSE
 from drills.stack.api import Capability
@@ -234,7 +234,8 @@ class SandboxStack(ProcessStack):
 
     @property
     def starts_now(self) -> str:
-        redis = "Redis (its L2), " if self.options.lmcache.l2_adapter == "resp" else ""
+        lm = self.options.lmcache
+        redis = f"{lm.redis_server.capitalize()} (its L2), " if lm.l2_adapter == "resp" else ""
         return redis + super().starts_now
 
     @property
@@ -296,6 +297,9 @@ class SandboxStack(ProcessStack):
         if lm.l2_fs is not None and self.l2_fs is None:
             self._mount_l2(lm.l2_fs)
         if lm.l2_adapter == "resp":
+            if not redis_server(lm.redis_server).exists():
+                raise StackError(f"{lm.redis_server} is not installed ({redis_server(lm.redis_server)}); run "
+                                 "`make setup` or `kvdrill setup`")
             # a Redis the run starts on loopback (the stack file's `redis` service), persistence off
             write_redis_config(self.run_dir / "stack" / "redis", lm.redis_persistence, lm.redis_config)
             # through the stack's Toxiproxy (proxy `redis`), so network faults can sit on the LMCache -> Redis link
@@ -336,6 +340,7 @@ class SandboxStack(ProcessStack):
             "l2_adapter": json.dumps(adapter),
             "prompt_embeds_flag": "--enable-prompt-embeds" if eng.prompt_embeds else "--no-enable-prompt-embeds",
             "kv_transfer_config": json.dumps(kv_transfer), "l2_dir": self.l2_dir,
+            "redis_server": redis_server(lm.redis_server),
             "redis_dir": self.run_dir / "stack" / "redis", "redis_conf": self.run_dir / "stack" / "redis" / "redis.conf",
             "l2_spec": self.l2_spec(), "proxy_links": self.proxy_links(),
             "lmcache_server_args": list(lm.server_args), "engine_args": list(eng.args),

@@ -1,6 +1,6 @@
 """kv_corrupt on LMCache's Redis L2: values laid out as the resp adapter stores them (``<model>@<kv_rank>@<group>@
 <chunk hash>[@<salt>]``, raw bytes), in a real redis-server this test starts on loopback (Debian's, as the
-stack runs it) and stops by pid. The stack's key lookup is a small stand-in; the LMCache token hasher and a
+stack runs it, and Valkey's) and stops by pid. The stack's key lookup is a small stand-in; the LMCache token hasher and a
 real LMCache writing to Redis are exercised in tests/real (the d14 controls)."""
 
 from __future__ import annotations
@@ -26,13 +26,19 @@ VALUE_BYTES = 4096
 MODEL = "/srv/models/m"  # the resp adapter's keys start with the served model's path, slashes and all
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
+@pytest.fixture(scope="module", params=["redis", "valkey"])
+def redis_url(tmp_path_factory, request):
+    """Each test runs against Debian's redis-server and against Valkey (stack.lmcache.redis_server), both real."""
+    from drills.pins import redis_server
+
+    program = redis_server(request.param)
+    if not program.exists():
+        pytest.fail(f"{program} is missing: run `make setup`")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(["/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+    proc = subprocess.Popen([str(program), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
                              "--appendonly", "no", "--dir", str(d)], stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"redis://127.0.0.1:{port}"
     try:

@@ -70,6 +70,8 @@ def test_the_runs_redis_keeps_its_kv_across_a_restart_only_with_aof(tmp_path, pe
     assert all(line in text for line in lines) and "protected-mode yes" in text
     with pytest.raises(ValueError, match="set l2_adapter: resp"):
         StackSpec.model_validate({"lmcache": {"redis_persistence": "aof"}})
+    with pytest.raises(ValueError, match="set l2_adapter: resp"):
+        StackSpec.model_validate({"lmcache": {"redis_server": "valkey"}})
 
 
 def test_a_redis_l2_on_another_host_is_refused_until_rollback_can_reach_it(tmp_path):
@@ -77,7 +79,48 @@ def test_a_redis_l2_on_another_host_is_refused_until_rollback_can_reach_it(tmp_p
         _load(tmp_path, BASE.replace("redis://127.0.0.1:6379", "redis://10.1.2.3:6379"))
 
 
-def test_rollback_knows_a_redis_that_rewrote_its_title_by_program_and_start_time(tmp_path):
+@pytest.mark.parametrize("flavor", ["redis", "valkey"])
+def test_the_runs_redis_config_starts_either_server_as_the_stack_file_does(tmp_path, flavor):
+    """kvdrill's redis.conf (persistence, the scenario's own directives) and the stack file's flags, on the real
+    server of each flavor: Valkey must take every directive Debian's Redis does."""
+    import socket
+    import subprocess
+    import time
+
+    import redis
+
+    from drills.pins import redis_server
+    from drills.stack.sandbox import write_redis_config
+
+    conf = write_redis_config(tmp_path, "aof", {"maxmemory": "64mb", "maxmemory-policy": "allkeys-lru"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(redis_server(flavor)), str(conf), "--bind", "127.0.0.1", "--port", str(port),
+                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None, f"{flavor} refused kvdrill's config: {proc.stdout.read()[-800:]!r}"
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}
+        server = client.info("server")
+        assert ("valkey_version" in server) is (flavor == "valkey"), server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("flavor", ["redis", "valkey"])
+def test_rollback_knows_a_redis_that_rewrote_its_title_by_program_and_start_time(tmp_path, flavor):
     """redis-server rewrites /proc/PID/cmdline (and the environment area, taking the run's tag with it) unless
     set-proc-title is off: rollback then recognises the run's Redis by its executable and recorded start time,
     and still leaves a recycled pid alone."""
@@ -91,7 +134,9 @@ def test_rollback_knows_a_redis_that_rewrote_its_title_by_program_and_start_time
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = ["/usr/bin/redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)]
+    from drills.pins import redis_server
+
+    argv = [str(redis_server(flavor)), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         ticks = start_ticks(proc.pid)
