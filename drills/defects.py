@@ -60,4 +60,7 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D19", "in-process LMCache's lm:// connector never reconnects once its connection broke (LMCache #3565): "
                   "every later put fails with Broken pipe and every lookup misses while the server holds the KV",
            "LMCache in-process, lm:// cache server", ("recovery",)),
+    Defect("D20", "in-process LMCache's local disk serves a zeroed chunk file silently (hit reported, output wrong): "
+                  "LocalDiskBackend reads the raw bytes back with no checksum, and no serde applies to it",
+           "LMCache in-process, local disk (LMCACHE_LOCAL_DISK)", ("correctness", "hit_rate")),
 )}

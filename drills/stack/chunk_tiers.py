@@ -26,7 +26,7 @@ TIER_ERRORS: tuple[type[Exception], ...] = (OSError, redis.RedisError)
 
 
 class ChunkTier(Protocol):
-    kind: ClassVar[str]  # "fs" | "redis": the journal's name for the tier
+    kind: ClassVar[str]  # "fs" | "redis" | "lm": the journal's name for the tier
     ref_field: ClassVar[str]  # the target key naming an entry ("path" for a file, "key" for a Redis key)
 
     def describe(self) -> dict[str, Any]:
@@ -130,6 +130,31 @@ class FileTier:
 
     def record(self, ref: str) -> dict[str, Any]:
         return {}
+
+
+class LocalDiskTier(FileTier):
+    """In-process LMCache's local disk (``local_disk: file://DIR``, its ``LocalDiskBackend``): one file per chunk,
+    named by the chunk's whole key with ``/`` as ``-`` plus ``.pt`` (``_key_to_path`` in LMCache 0.5.6), holding
+    the raw tensor bytes with no header. A chunk is found by its key (as on the lm:// server), never by listing:
+    LMCache keeps its own index of what it stored in memory and never rescans the directory, so a file kvdrill
+    deletes stays listed there (kv_corrupt's delete is the "keep it visible" case on this tier)."""
+
+    kind = "fs"  # a file, read and written as the fs L2's: undo records and rollback are the same
+    ref_field = "path"
+
+    def locate(self, chunk_hashes: list[str]) -> dict[str, str]:
+        """``chunk_hashes`` are full CacheEngineKey strings here."""
+        found: dict[str, str] = {}
+        for key in dict.fromkeys(chunk_hashes):
+            path = self.directory / (key.replace("/", "-") + ".pt")
+            if path.is_file():
+                found[key] = str(path)
+        return found
+
+    def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
+        # removing files would not empty LMCache's index (it would list chunks it no longer has): the stack is
+        # never cleared this way, and the next stack starts with an empty directory
+        return {"l2_files_removed": 0}
 
 
 class RedisTier:

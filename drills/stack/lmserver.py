@@ -75,6 +75,9 @@ class LmServerStack(ProcessStack):
     netns_plan: ClassVar[str | None] = None
     cache_log = "engine.log"  # LMCache runs inside vLLM: its Stored/Retrieved lines are the engine's
     l2_dir = None  # the KV lives in the server's memory
+    port_names: ClassVar[tuple[str, ...]] = ("engine", "baseline", "toxiproxy", "lm_server", "lm_server_proxy")
+    holder: ClassVar[str] = "the lm:// server"  # where the warm-up looks for the chunks, in its messages
+    programs: ClassVar[tuple[str, ...]] = ("lmcache_server",)  # in the stack venv's bin/, beside vLLM
 
     @classmethod
     def planned_l2(cls, spec: StackSpec, run_dir: Path) -> tuple[Path | None, Path | None]:
@@ -113,15 +116,15 @@ class LmServerStack(ProcessStack):
     def __init__(self, options: LmServerOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(run_dir, journal, http)
         self.options = options
-        self.ports = {n: free_port() for n in ("engine", "baseline", "toxiproxy", "lm_server", "lm_server_proxy")}
+        self.ports = {n: free_port() for n in self.port_names}
         self.lmcache_config = self.run_dir / "stack" / "lmcache.yaml"
         self._tier: LmServerTier | None = None
         self._key_memo: dict[tuple[int, ...], list[str]] = {}
 
     def state(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "options": asdict(self.options), "ports": self.ports,
-                "lmcache_config": str(self.lmcache_config), "store_url": self.lm_url,
-                "urls": {n: self.url(n) for n in ("engine", "baseline", "toxiproxy")},
+                "lmcache_config": str(self.lmcache_config), **self.kv_home(),
+                "urls": {n: self.url(n) for n in ("engine", "baseline", "toxiproxy") if n in self.ports},
                 "services": {name: {"pid": svc.pid, "argv": svc.spec.argv, "health": svc.spec.health_url}
                              for name, svc in self.driver.services.items()}}
 
@@ -131,6 +134,10 @@ class LmServerStack(ProcessStack):
     def lm_url(self) -> str:
         """Where kvdrill (and rollback) reach the server: directly, never through the proxy a fault sits on."""
         return f"lm://127.0.0.1:{self.ports['lm_server']}"
+
+    def kv_home(self) -> dict[str, Any]:
+        """Where the stored KV lives, as ``stack.prepared`` records it (rollback reaches the server by it)."""
+        return {"store_url": self.lm_url}
 
     def lmcache_config_doc(self) -> dict[str, Any]:
         return {
@@ -151,8 +158,9 @@ class LmServerStack(ProcessStack):
         """Check the install, write the LMCache config, render the services; nothing starts here."""
         if not stack_python().exists():
             raise StackError(f"the stack venv is missing ({stack_venv()}); run `make setup` or `kvdrill setup`")
-        if not (stack_venv() / "bin" / "lmcache_server").exists():
-            raise StackError(f"lmcache_server is not in the stack venv ({stack_venv()}); run `kvdrill setup`")
+        for program in self.programs:
+            if not (stack_venv() / "bin" / program).exists():
+                raise StackError(f"{program} is not in the stack venv ({stack_venv()}); run `kvdrill setup`")
         if not (self.model_dir / "model.safetensors").exists():
             raise StackError(f"the model is missing ({self.model_dir}); run `make setup` or `kvdrill setup`")
         self.lmcache_config.parent.mkdir(parents=True, exist_ok=True)
@@ -176,15 +184,15 @@ class LmServerStack(ProcessStack):
             "prefix_caching_flag": "--enable-prefix-caching" if opts.prefix_caching else "--no-enable-prefix-caching",
             "kv_transfer_config": json.dumps(kv_transfer), "startup_deadline": f"{opts.startup_deadline}s",
         }
-        self.specs = self._wanted(render_services(COMPOSE_FILE, variables))
+        self.specs = self._wanted(render_services(self.topology_file, variables))
         self.journal.append("stack.prepared", ref=self.ref, ports=self.ports, toxiproxy_seed=self.toxiproxy_seed,
                             model_dir=str(self.model_dir), kv_transfer_config=kv_transfer,
-                            lmcache_config=self.lmcache_config_doc(), store_url=self.lm_url)
+                            lmcache_config=self.lmcache_config_doc(), **self.kv_home())
 
     async def up(self) -> None:
         if not self.specs:
             self.prepare()
-        await self.driver.start_all(self.specs, self.http, COMPOSE_FILE)
+        await self.driver.start_all(self.specs, self.http, self.topology_file)
 
     async def down(self) -> None:
         if self._tier is not None:
@@ -267,7 +275,7 @@ class LmServerStack(ProcessStack):
                  for c, k in enumerate(row)] for p, row in enumerate(keys)]
 
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
-        """Warm is done when the server holds every full chunk's key (asked with EXIST)."""
+        """Warm is done when the tier holds every full chunk's key (the lm:// server: asked with EXIST)."""
         keys = [k for row in await asyncio.to_thread(self.chunk_keys, token_lists) for k in row]
         tier = self.chunk_tier()
         started = time.monotonic()
@@ -283,7 +291,7 @@ class LmServerStack(ProcessStack):
                     return {"chunks": len(set(keys)), "stored_chunks": 0, "complete": False,
                             "waited_s": round(time.monotonic() - started, 1), "connector_log": said}
             if time.monotonic() > deadline:
-                raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: the lm:// server holds {len(found)} of "
+                raise StackError(f"warm-up incomplete after {deadline_s:.0f}s: {self.holder} holds {len(found)} of "
                                  f"{len(set(keys))} chunk keys")
             await asyncio.sleep(0.5)
         sizes = await asyncio.to_thread(lambda: [tier.size(k) or 0 for k in sorted(found.values())])

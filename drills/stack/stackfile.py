@@ -45,16 +45,18 @@ from pydantic_core import PydanticCustomError
 from drills.durations import Duration
 from drills.inputs import MAX_STACK_FILE_BYTES, InputFileError, read_limited
 
-Topology = Literal["lmcache-mp", "lmcache-mooncake", "lmcache-server"]
+Topology = Literal["lmcache-mp", "lmcache-mooncake", "lmcache-server", "lmcache-local-disk"]
 # the roles each topology has, the ones it must have, and how a contributor is named
 ROLES: dict[str, tuple[str, ...]] = {
     "lmcache-mp": ("engine", "lmcache", "baseline", "toxiproxy", "redis"),
     "lmcache-mooncake": ("engine", "mooncake-master", "store-<name>", "baseline", "toxiproxy"),
     "lmcache-server": ("engine", "lm-server", "baseline", "toxiproxy"),
+    "lmcache-local-disk": ("engine", "baseline"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {"lmcache-mp": ("engine", "lmcache"),
                                         "lmcache-mooncake": ("engine", "mooncake-master"),
-                                        "lmcache-server": ("engine", "lm-server")}
+                                        "lmcache-server": ("engine", "lm-server"),
+                                        "lmcache-local-disk": ("engine",)}
 CONTRIBUTOR = re.compile(r"^store-[a-z0-9][a-z0-9-]{0,30}$")
 HEALTH = {"engine": "/health", "baseline": "/health", "lmcache": "/healthcheck", "toxiproxy": "/version",
           "mooncake-master": "/health", "redis": "", "lm-server": ""}  # a contributor (store-*): /health on its
@@ -374,7 +376,9 @@ class StackFile(_Strict):
                                   "server, with an fs L2) or lmcache-mooncake (vLLM with LMCache in-process, "
                                   "LMCacheConnectorV1, its remote tier a Mooncake master and contributors) or "
                                   "lmcache-server (vLLM with LMCache in-process, its remote tier the lm:// cache "
-                                  "server `lmcache_server`, as production-stack deploys it; built-in stack only)")
+                                  "server `lmcache_server`, as production-stack deploys it; built-in stack only) "
+                                  "or lmcache-local-disk (vLLM with LMCache in-process storing on its local disk, "
+                                  "LMCACHE_LOCAL_DISK; built-in stack only)")
     runtime: Literal["attach", "processes", "compose"] = Field(
         "attach", description="attach: the services run already, kvdrill finds them (by URL, pid or container) and "
                               "leaves them as it found them; processes: kvdrill starts every service by its "
@@ -390,7 +394,8 @@ class StackFile(_Strict):
     services: dict[Role, Service] = Field(description="by role: lmcache-mp needs engine and lmcache; "
                                                       "lmcache-mooncake needs engine, mooncake-master and at least "
                                                       "one contributor store-<name>; lmcache-server needs engine "
-                                                      "and lm-server; baseline and toxiproxy are optional in each")
+                                                      "and lm-server; lmcache-local-disk needs engine; baseline "
+                                                      "and toxiproxy are optional in each")
 
     @field_validator("name")
     @classmethod
@@ -424,7 +429,7 @@ class StackFile(_Strict):
                 raise ValueError(f"services.{role}: {who} speaks no HTTP; kvdrill checks it with {how}, so leave health "
                                  "and metrics out")
             if "chunk_size" in svc.model_fields_set and role != "lmcache" and not (
-                    role == "engine" and self.topology in ("lmcache-mooncake", "lmcache-server")):
+                    role == "engine" and self.topology in ("lmcache-mooncake", "lmcache-server", "lmcache-local-disk")):
                 raise ValueError(f"services.{role}.chunk_size: only the lmcache server's (lmcache-mp) or the engine's "
                                  "in-process LMCache (lmcache-mooncake) has a chunk size")
             if "hash_algorithm" in svc.model_fields_set and role != "lmcache":
@@ -482,7 +487,8 @@ class StackFile(_Strict):
         if missing:
             what = {"lmcache-mp": "an engine and an lmcache server",
                     "lmcache-mooncake": "an engine, a mooncake-master and the contributors that hold its data",
-                    "lmcache-server": "an engine and the lm:// cache server its in-process LMCache stores in"}
+                    "lmcache-server": "an engine and the lm:// cache server its in-process LMCache stores in",
+                    "lmcache-local-disk": "an engine whose in-process LMCache stores on its local disk"}
             raise ValueError(f"services: {', '.join(missing)} missing; a {self.topology} stack has {what[self.topology]}")
 
     def _check_runtime(self) -> None:

@@ -15,7 +15,7 @@ FLAGSHIP = Path(__file__).resolve().parents[2] / "scenarios/flagship/hit-rate-is
 def test_an_unknown_stack_is_refused_with_the_allowed_values():
     result = CliRunner().invoke(app, ["run", str(FLAGSHIP), "--stack", "sandbox-dokcer", "--dry-run"])
     assert result.exit_code == 2
-    assert "'sandbox', 'sandbox-mooncake', 'sandbox-lmserver', 'sandbox-docker', 'sandbox-docker-mooncake' or 'attach'" in result.output
+    assert "'sandbox', 'sandbox-mooncake', 'sandbox-lmserver', 'sandbox-localdisk', 'sandbox-docker', 'sandbox-docker-mooncake' or 'attach'" in result.output
     assert "or give the path of a stack file" in result.output
 
 

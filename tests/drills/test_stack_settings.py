@@ -82,6 +82,7 @@ def test_a_setting_kvdrill_owns_or_that_leaves_loopback_is_refused_with_what_to_
                           "kv_connector": "LMCacheConnectorV1, in-process with kvdrill's CPU shim"}),
     ("sandbox-lmserver", {"remote": {"scheme": "lm://", "serde": "naive", "local_cpu": False,
                                      "server": "lmcache_server, from the stack venv's lmcache"}}),
+    ("sandbox-localdisk", {"local_disk": {"local_cpu": False, "backend": "LocalDiskBackend"}, "remote": None}),
 ])
 def test_the_versions_manifest_names_the_kv_path_the_stack_really_has(ref, says):
     """In-process stacks' manifests once claimed the MP server's fs L2 and transfer mode."""

@@ -12,7 +12,7 @@ import pytest
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack import docker_mooncake, docker_sandbox, lmserver, mooncake, sandbox
+from drills.stack import docker_mooncake, docker_sandbox, lmserver, localdisk, mooncake, sandbox
 from drills.stack.netns import NetNamespace
 from drills.stack.sandbox import render_stack_file
 from drills.stack.stackfile import load_stack_file
@@ -26,8 +26,9 @@ def _placeholders(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("kind", "lmcache"), [(sandbox.SandboxStack, {}), (sandbox.SandboxStack, {"l2_adapter": "resp"}),
-                                               (mooncake.MooncakeStack, {}), (lmserver.LmServerStack, {})],
-                         ids=["sandbox", "sandbox-redis-l2", "sandbox-mooncake", "sandbox-lmserver"])
+                                               (mooncake.MooncakeStack, {}), (lmserver.LmServerStack, {}),
+                                               (localdisk.LocalDiskStack, {})],
+                         ids=["sandbox", "sandbox-redis-l2", "sandbox-mooncake", "sandbox-lmserver", "sandbox-localdisk"])
 def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_are_the_stacks(kind, lmcache, tmp_path):
     stack = kind.from_spec(StackSpec(ref=kind.ref, lmcache=lmcache), tmp_path / "run", Journal(tmp_path),
                            httpx.AsyncClient())
@@ -41,7 +42,10 @@ def test_a_built_in_process_stack_renders_into_a_public_stack_file_whose_urls_ar
     f = render_stack_file(kind.topology_file, variables)
     assert f.runtime == "processes" and f.name == kind.ref
     assert {n: s.url for n, s in f.services.items()} == {n: stack.url(n) for n in f.services}
-    assert set(f.services["toxiproxy"].proxies) == {p["name"] for p in stack.proxies}
+    if "toxiproxy" in f.services:  # the local-disk stack has no link to proxy, so no Toxiproxy
+        assert set(f.services["toxiproxy"].proxies) == {p["name"] for p in stack.proxies}
+    else:
+        assert kind is localdisk.LocalDiskStack and stack.proxies == []
     if kind is sandbox.SandboxStack:
         # the L2 the file declares is the one kv_corrupt and the warm-up reach; Redis runs only under a Redis L2
         resp = lmcache.get("l2_adapter") == "resp"
