@@ -142,13 +142,16 @@ class LmServerStack(ProcessStack):
     def lmcache_config_doc(self) -> dict[str, Any]:
         return {
             "chunk_size": self.options.chunk_size,
-            # no local tier: every hit is a value the server sent, so a corrupted value is what the engine loads
+            # no CPU tier: every hit comes from the stack's tier, so a corrupted chunk there is what the engine loads
             "local_cpu": False,
-            "max_local_cpu_size": 0.5,  # the buffer remote values are received into
+            "max_local_cpu_size": 0.5,  # the buffer each chunk is received or read into
             "save_unfull_chunk": False,
-            "remote_url": f"lm://127.0.0.1:{self.ports['lm_server_proxy']}",
-            "remote_serde": "naive",
+            **self.tier_config(),
         }
+
+    def tier_config(self) -> dict[str, Any]:
+        """The LMCache config keys of the tier this stack stores in: the lm:// server, through the proxy."""
+        return {"remote_url": f"lm://127.0.0.1:{self.ports['lm_server_proxy']}", "remote_serde": "naive"}
 
     def kv_transfer_config(self) -> dict[str, Any]:
         return {"kv_connector": "LMCacheConnectorV1", "kv_connector_module_path": "lmcache_cpu_shim",

@@ -93,16 +93,8 @@ class LocalDiskStack(LmServerStack):
     def kv_home(self) -> dict[str, Any]:
         return {"local_disk": str(self.l2_dir)}
 
-    def lmcache_config_doc(self) -> dict[str, Any]:
-        return {
-            "chunk_size": self.options.chunk_size,
-            # no CPU tier: every hit is a file read back, so a corrupted file is what the engine loads
-            "local_cpu": False,
-            "max_local_cpu_size": 0.5,  # the buffer each file is read into
-            "save_unfull_chunk": False,
-            "local_disk": f"file://{self.l2_dir}/",
-            "max_local_disk_size": MAX_LOCAL_DISK_GB,
-        }
+    def tier_config(self) -> dict[str, Any]:
+        return {"local_disk": f"file://{self.l2_dir}/", "max_local_disk_size": MAX_LOCAL_DISK_GB}
 
     def prepare(self) -> None:
         self.l2_dir.mkdir(parents=True, exist_ok=True)
