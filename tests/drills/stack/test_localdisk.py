@@ -81,7 +81,7 @@ def test_the_stack_file_renders_an_engine_and_a_baseline_and_journals_where_the_
     monkeypatch.setattr(lmserver, "stack_venv", lambda: venv)
     monkeypatch.setattr(lmserver, "stack_python", lambda: venv / "bin" / "python")
     if not (stack.model_dir / "model.safetensors").exists():
-        pytest.skip("the model is not set up here (make setup)")
+        pytest.fail(f"the model is missing ({stack.model_dir}): run `make setup`")
     stack.prepare()  # no lmcache_server needed: this stack runs none
     assert set(stack.specs) == {"engine", "baseline"} and stack.specs["engine"].depends_on == []
     assert (run / "stack" / "local-disk").is_dir()
