@@ -9,7 +9,7 @@ process listens on 127.0.0.1; the engine reaches the server through the stack's 
 
 The server keeps each value in a dict in its own memory and offers PUT, GET, EXIST and HEALTH, no listing
 and no delete. So a chunk is found by computing its key (in-process LMCache's own token database, run in
-the stack venv with the engine's config and ``PYTHONHASHSEED``; ``lmcache_probe.py engine-keys``) and asking
+the stack venv with the engine's config and ``PYTHONHASHSEED``; drills/stack/engine_keys.py) and asking
 the server whether it holds it; kv_corrupt reads and rewrites it over the same protocol
 (``chunk_tiers.LmServerTier``).
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -37,12 +36,11 @@ from drills.shipped import COMPOSE
 from drills.stack.api import Capability
 from drills.stack.base import ProcessStack
 from drills.stack.chunk_tiers import ChunkTier, LmServerTier
+from drills.stack.engine_keys import EngineKeys
 from drills.stack.mooncake import CONNECTOR_DOWN, NOTHING_STORED_AFTER_S, SHIM_DIR, engine_log_counters
 from drills.stack.process import StackError
 from drills.stack.sandbox import (
-    PROBE,
     SERVED_MODEL,
-    ChunkFile,
     free_port,
     render_services,
     toxiproxy_listen_hosts,
@@ -64,7 +62,7 @@ class LmServerOptions:
     startup_deadline: float = 240.0
 
 
-class LmServerStack(ProcessStack):
+class LmServerStack(EngineKeys, ProcessStack):
     ref = "sandbox-lmserver"
     starts = "lm:// cache server, vLLM engine with in-process LMCache, and baseline vLLM"
     warms = "the lm:// cache server through in-process LMCache"
@@ -119,7 +117,6 @@ class LmServerStack(ProcessStack):
         self.ports = {n: free_port() for n in self.port_names}
         self.lmcache_config = self.run_dir / "stack" / "lmcache.yaml"
         self._tier: LmServerTier | None = None
-        self._key_memo: dict[tuple[int, ...], list[str]] = {}
 
     def state(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "options": asdict(self.options), "ports": self.ports,
@@ -247,35 +244,6 @@ class LmServerStack(ProcessStack):
         if self._tier is None:
             self._tier = LmServerTier(self.lm_url)
         return self._tier
-
-    def chunk_keys(self, token_lists: list[list[int]]) -> list[list[str]]:
-        """Each full chunk's key as the engine's in-process LMCache stores it, computed by LMCache's own token
-        database in the stack venv (one subprocess per new prompt set: it imports vLLM, seconds)."""
-        memo = self._key_memo
-        todo = [list(t) for t in dict.fromkeys(tuple(t) for t in token_lists) if tuple(t) not in memo]
-        if todo:
-            proc = subprocess.run(
-                [str(stack_python()), str(PROBE), "engine-keys", str(self.lmcache_config), str(self.model_dir),
-                 self.kv_dtype],
-                input=json.dumps({"prompts": todo}), capture_output=True, text=True, timeout=180,
-                env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                     "LMCACHE_DISABLE_BANNER": "1"})
-            if proc.returncode != 0:
-                raise StackError(f"LMCache's token database failed: {proc.stderr[-2000:]}")
-            for tokens, keys in zip(todo, json.loads(proc.stdout.strip().splitlines()[-1])["keys"]):
-                memo[tuple(tokens)] = keys
-        return [list(memo[tuple(t)]) for t in token_lists]
-
-    @property
-    def kv_dtype(self) -> str:
-        """The engine's KV dtype as torch names it: vLLM's cache dtype 'auto' follows the model's."""
-        return self.pins.dtype
-
-    def chunk_files(self, token_lists: list[list[int]]) -> list[list[ChunkFile]]:
-        keys = self.chunk_keys(token_lists)
-        found = self.chunk_tier().locate([k for row in keys for k in row])
-        return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=k.split("@")[-2], path=found.get(k))
-                 for c, k in enumerate(row)] for p, row in enumerate(keys)]
 
     async def wait_for_stores(self, token_lists: list[list[int]], deadline_s: float, mark: Any = None) -> dict[str, Any]:
         """Warm is done when the tier holds every full chunk's key (the lm:// server: asked with EXIST)."""
