@@ -28,7 +28,7 @@ from drills.isolation import IsolationPolicy, Owned, Refusal
 from drills.pins import load_pins, model_dir
 from drills.scenario import FaultSpec, LoadedScenario, Scenario, default_oracle
 from drills.stack import mooncake
-from drills.stack.api import StackKind, capability_gaps, stack_kind
+from drills.stack.api import Capability, StackKind, capability_gaps, stack_kind
 from drills.stack.stackfile import is_contributor
 from injectors.store import FULLEST
 
@@ -63,6 +63,7 @@ class StackView:
     runtime: str | None = None  # a stack file's runtime (attach: found running; processes, compose: started)
     l2_redis: str | None = None  # a resp L2's Redis URL (kv_corrupt reads and writes its values there)
     l2_lm: str | None = None  # an lm:// cache server's URL (kv_corrupt reads and writes its values there)
+    l2_mooncake: str | None = None  # a Mooncake master's own RPC address (kv_corrupt reads and writes its objects)
 
     @property
     def kind(self) -> type[StackKind]:
@@ -117,6 +118,8 @@ def stack_view(sc: Scenario, reports_dir: Path) -> StackView:
         view.l2_redis = view.urls["redis"] = "redis://127.0.0.1:<free port>"
     if "lm-server" in services:
         view.l2_lm = view.urls["lm-server"] = "lm://127.0.0.1:<free port>"
+    if "mooncake-master" in services and kind.capabilities(sc.stack).get(Capability.CHUNK_FILES) is None:
+        view.l2_mooncake = f"127.0.0.1:{mooncake.NETNS_PORTS['master_rpc']}"
     return view
 
 
@@ -328,7 +331,7 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
     from injectors.kv_corrupt import Bitflip, Stale, Swap
 
     # Capability.CHUNK_FILES, checked before the planners
-    assert view.l2_dir is not None or view.l2_redis is not None or view.l2_lm is not None
+    assert view.l2_dir is not None or view.l2_redis is not None or view.l2_lm is not None or view.l2_mooncake
     from drills.prompts_file import prompt_count
 
     n = prompt_count(sc.workload)  # a prompts file's lines, when it has one
@@ -339,19 +342,22 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         return
     if isinstance(p, Bitflip) and p.bit_class == "exponent" and sc.stack.lmcache.l2_serde != "none":
         fp.problems.append("bit_class 'exponent' needs raw fp32 chunks (stack.lmcache.l2_serde: none)")
-    store = view.l2_redis or view.l2_lm
-    kind = "Redis key" if view.l2_redis else "lm:// server key" if view.l2_lm else "chunk file"
+    store = view.l2_redis or view.l2_lm or view.l2_mooncake
+    kind = "Redis key" if view.l2_redis else "lm:// server key" if view.l2_lm else \
+        "Mooncake object key" if view.l2_mooncake else "chunk file"
 
     def entry(prompt: Any, chunk: int) -> str:
         # an fs L2's chunk is a file; a resp L2's a Redis key, read and written with a Redis client; an lm:// server's
-        # a key its own protocol reads and writes
+        # a key its own protocol reads and writes; a Mooncake object's key, read and written with Mooncake's client
         what = f"<{kind} of prompt {prompt}, chunk {chunk}>"
         return str(view.l2_dir / what) if store is None else what
 
     at = "path" if store is None else "key"
     for pid in ids:
         t: dict[str, Any] = {"prompt": pid, "chunk": p.chunk, at: entry(pid, p.chunk)}
-        if store is not None:
+        if view.l2_mooncake:  # the master's own port, in the namespace the run creates (not the proxy's)
+            t.update({"tier": "mooncake", "master": view.l2_mooncake, "netns": "<kvd-<8 hex>, the run's namespace>"})
+        elif store is not None:
             t["store_url"] = store
         if isinstance(p, Swap):
             t[f"other_{at}"] = entry(pid, p.chunk + 1 if p.with_chunk is None else p.with_chunk)
@@ -365,7 +371,8 @@ def _kv_corrupt(fp: FaultPlan, p: Any, sc: Scenario, view: StackView) -> None:
         fp.seeded["bit_positions"] = (f"{p.bits} distinct bit(s) per file, each {draw} from "
                                       f"Random({seeds.fault_rng_seed(sc.seed, fp.id)!r}), files in target order; "
                                       "size is the chunk's size at run time")
-    which = "redis_keys" if view.l2_redis else "lm_keys" if view.l2_lm else "chunk_files"
+    which = "redis_keys" if view.l2_redis else "lm_keys" if view.l2_lm else "mooncake_keys" if view.l2_mooncake \
+        else "chunk_files"
     fp.seeded[which] = ("chosen by LMCache's own token hasher over the seeded prompts (workload seed "
                         f"{seeds.WORKLOAD.format(seed=sc.seed)!r}); no random choice")
 

@@ -28,11 +28,12 @@ from injectors.base import InjectionError
 if TYPE_CHECKING:
     from drills.scenario import Scenario
 
-Rule = Literal["host", "path", "process"]
+Rule = Literal["host", "path", "process", "netns"]
 
 # keys of a planned target (injectors' plan() output) that name something the fault touches
 PATH_KEYS = frozenset({"path", "other_path", "source_path", "l2_dir", "mountpoint", "readonly_target"})
-HOSTPORT_KEYS = frozenset({"listen", "upstream"})
+HOSTPORT_KEYS = frozenset({"listen", "upstream", "master"})  # "master": a Mooncake master kv_corrupt writes through
+NETNS_KEYS = frozenset({"netns"})  # a network namespace a target is reached in
 PGID_KEYS = frozenset({"pgid", "pid"})  # a group kvdrill started, or a process the scenario names
 
 
@@ -73,6 +74,7 @@ class Owned:
 
     dirs: list[Path] = field(default_factory=list)
     netns_addrs: set[str] = field(default_factory=set)  # addresses inside namespaces the run created
+    netns_names: set[str] = field(default_factory=set)  # the namespaces the run created
     pgids: set[int] = field(default_factory=set)
     symbolic_hosts: set[str] = field(default_factory=set)  # dry-run: "<netns>" stands for the address to come
     # a proxy's listen/upstream address as the proxy reports it -> the address this host reaches it at (an
@@ -195,6 +197,9 @@ class IsolationPolicy:
                 found.append(self.check_hostport(value, where))
             elif key in PGID_KEYS and isinstance(value, int):
                 found.append(self.check_process(value, where))
+            elif key in NETNS_KEYS and isinstance(value, str) and value not in self.owned.netns_names:
+                found.append(Refusal("netns", str(value), where, "not a network namespace this run created",
+                                     "run the fault on a stack kvdrill starts in a namespace of its own"))
         return [r for r in found if r is not None]
 
     def check_declared(self) -> list[Refusal]:

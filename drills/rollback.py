@@ -84,9 +84,9 @@ class RollbackReport:
 
 # --- fault undo dispatch: family -> module-level undo(record) ------------------------------------------
 
-def _kv_corrupt(data: dict[str, Any]) -> HealReport:
+def _kv_corrupt(data: dict[str, Any], clients: dict[tuple[Any, ...], Any] | None = None) -> HealReport:
     from injectors.kv_corrupt import restore
-    return restore(data["restore"])
+    return restore(data["restore"], clients=clients)
 
 
 def _disk(data: dict[str, Any]) -> HealReport:
@@ -162,6 +162,9 @@ class RunState:
     # the lm:// cache server the run's sandbox-lmserver started (stack.prepared): a value a kv_corrupt of the run
     # damaged there is written back over the server's own protocol
     lm_l2: set[str] = field(default_factory=set)
+    # the Mooncake master the run's sandbox-mooncake started, as (its namespace, its own RPC address there): an object
+    # a kv_corrupt of the run damaged is written back with Mooncake's client, in that namespace while it exists
+    mooncake_l2: set[tuple[str, str]] = field(default_factory=set)
 
     def inside(self, value: Any, *, follow: bool = True, roots: list[Path] | None = None) -> bool:
         """``value`` is an absolute path under one of the run's directories. ``follow``: symlinks
@@ -220,6 +223,7 @@ def run_state(run_dir: Path, history: History) -> RunState:
                     attached_l2=_declared_l2(prepared.data) if prepared is not None else None,
                     redis_l2=_redis_l2(prepared.data) if prepared is not None else set(),
                     lm_l2=_lm_l2(prepared.data) if prepared is not None else set(),
+                    mooncake_l2=_mooncake_l2(prepared.data) if prepared is not None else set(),
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -336,6 +340,16 @@ def _vet_restore(entries: Any, state: RunState) -> tuple[list[dict[str, Any]], l
             if url not in state.lm_l2 or not isinstance(entry.get("key"), str):
                 bad.append(f"{where}: not the loopback lm:// cache server the run started")
                 continue
+        elif entry.get("tier") == "mooncake":
+            place = (entry.get("netns"), entry.get("master"))
+            where = f"Mooncake {place[1]} in {place[0]} key {str(entry.get('key'))[:120]}"
+            if place not in state.mooncake_l2 or not state.netns.get(str(place[0]), {}).get("_created") or \
+                    not isinstance(entry.get("key"), str):
+                bad.append(f"{where}: not the Mooncake master the run started, in the namespace it created")
+                continue
+            if (why := _vet_netns_name(place[0], state)) is not None:  # the name now taken by another namespace
+                bad.append(f"{where}: {why}")
+                continue
         else:
             where = path = entry.get("path")
             if not (state.inside(path) or (volumes and state.inside(path, roots=volumes))):
@@ -395,6 +409,12 @@ def _vet_faultfs(ffs: Any, state: RunState) -> str | None:
     if not isinstance(ffs.get("fsname"), str) or (ffs.get("pid") is not None and _pid(ffs["pid"]) is None):
         return "fault filesystem record has no fsname, or a pid that is not one"
     return _vet_runfs(ffs["backing_fs"], state) if ffs.get("backing_fs") else None
+
+
+def _netns_exists(name: str) -> bool:
+    from drills.stack.netns import NETNS_DIR
+
+    return (NETNS_DIR / name).exists()
 
 
 def _vet_netns_name(name: Any, state: RunState) -> str | None:
@@ -482,6 +502,17 @@ def _lm_l2(prepared: dict[str, Any]) -> set[str]:
         return set()
     own = f"lm://127.0.0.1:{ports['lm_server']}"
     return {own} if url == own else set()
+
+
+def _mooncake_l2(prepared: dict[str, Any]) -> set[tuple[str, str]]:
+    """The Mooncake master a sandbox-mooncake run started: its namespace and the master's own RPC port there, as
+    ``stack.prepared`` names them (kvdrill reaches it directly, never through the proxy a fault may sit on)."""
+    ports, ns = prepared.get("ports"), prepared.get("netns")
+    name = ns.get("name") if isinstance(ns, dict) else None
+    if prepared.get("ref") != "sandbox-mooncake" or not isinstance(ports, dict) or \
+            type(ports.get("master_rpc")) is not int or not isinstance(name, str) or not name.startswith("kvd-"):
+        return set()
+    return {(name, f"127.0.0.1:{ports['master_rpc']}")}
 
 
 def _declared_starts(prepared: dict[str, Any]) -> dict[str, Any]:
@@ -688,6 +719,17 @@ def _in_heal_order(history: History) -> list[Any]:
 
 def _undo_faults(history: History, report: RollbackReport, state: RunState, tagged: dict[int, str],
                  argv_of: dict[int, list[str]]) -> None:
+    from injectors.kv_corrupt import close_clients
+
+    clients: dict[tuple[Any, ...], Any] = {}  # kv_corrupt's store clients, shared by every fault (one per store)
+    try:
+        _undo_each(history, report, state, tagged, argv_of, clients)
+    finally:
+        close_clients(clients)
+
+
+def _undo_each(history: History, report: RollbackReport, state: RunState, tagged: dict[int, str],
+               argv_of: dict[int, list[str]], clients: dict[tuple[Any, ...], Any]) -> None:
     healed = {e.data.get("fault_id") for e in history.of_type("fault.healed")}
     for event in _in_heal_order(history):
         data, fid = dict(event.data), event.data.get("fault_id", f"#{event.seq}")
@@ -699,7 +741,12 @@ def _undo_faults(history: History, report: RollbackReport, state: RunState, tagg
             if family == "kv_corrupt":
                 good, bad = _vet_restore(data.get("restore"), state)
                 report.items += [Item(step, "failed", f"not undone: {why} ({event.ref})") for why in bad]
-                data["restore"] = good
+                # a Mooncake store lives in the run's namespace: once that is gone (a rollback or the run's own down
+                # deleted it after stopping the store), so are the objects, damaged or not: nothing is left to heal
+                gone = [e for e in good if e.get("tier") == "mooncake" and not _netns_exists(e["netns"])]
+                report.items += [Item(step, "already_healed", f"{e['key']}: gone with the store's namespace {e['netns']}")
+                                 for e in gone]
+                data["restore"] = [e for e in good if e not in gone]
             else:
                 why = vet_fault(family, data, state, tagged, argv_of)
                 if why is not None:
@@ -712,7 +759,7 @@ def _undo_faults(history: History, report: RollbackReport, state: RunState, tagg
             if undo is None:
                 report.items.append(Item(step, "failed", f"no undo for injector family {family!r} ({event.ref})"))
                 continue
-            report.add(step, undo(data))
+            report.add(step, _kv_corrupt(data, clients) if family == "kv_corrupt" else undo(data))
         except Exception as exc:  # noqa: BLE001 - one fault that cannot be undone must not stop the others
             report.items.append(Item(step, "failed", f"{family} undo from {event.ref}: {type(exc).__name__}: {exc}"))
 

@@ -3,10 +3,11 @@
 Targets are named by prompt and chunk index and mapped to L2 entries through LMCache's own token hasher
 (run in the stack venv), so a drill corrupts exactly the chunk the engine will load. Each tier is read and
 written through its own interface (drills/stack/chunk_tiers.py): fs L2 files, the values of a Redis the
-``resp`` L2 adapter stores in, or the values of LMCache's ``lm://`` cache server (its own wire protocol; it has
-no delete, so that mode is refused there). Both hold raw fp32 tensor bytes with no header (or, with the ``aesgcm`` serde,
-``[ver][iv][ciphertext][tag]``), and neither is rewritten by a later store of the same key (the fs adapter
-skips a file that exists; the chunk stays in L1 meanwhile), so a corrupted chunk stays corrupted until
+``resp`` L2 adapter stores in, the values of LMCache's ``lm://`` cache server (its own wire protocol; it has
+no delete, so that mode is refused there), or Mooncake Store objects (Mooncake's own client; the bytes after
+LMCache's metadata header). All hold raw fp32 tensor bytes with no header (or, with the ``aesgcm`` serde,
+``[ver][iv][ciphertext][tag]``), and none is rewritten by a later store of the same key (the fs adapter
+skips a file that exists, the chunk staying in L1 meanwhile; Mooncake's put keeps an existing object), so a corrupted chunk stays corrupted until
 kvdrill heals it from the backup it took before the first byte changed.
 """
 
@@ -79,39 +80,73 @@ def _digest(data: bytes | None) -> str | None:
 
 def _ref(entry: dict[str, Any]) -> str:
     """The entry an undo record or target names: a file's path, or a Redis key."""
-    return entry["key"] if entry.get("tier") in ("redis", "lm") else entry["path"]
+    return entry["key"] if entry.get("tier") in ("redis", "lm", "mooncake") else entry["path"]
 
 
-def restore(entries: list[dict[str, Any]]) -> HealReport:
+def restore(entries: list[dict[str, Any]], own: ChunkTier | None = None,
+            clients: dict[tuple[Any, ...], ChunkTier] | None = None) -> HealReport:
     """Put every chunk back from its backup unless it already has the original digest. Idempotent, and
     usable from another process: ``entries`` is exactly what the journal's ``fault.undo`` event holds
-    (an entry without ``tier`` is an fs file, as journals written before Redis was a tier say)."""
+    (an entry without ``tier`` is an fs file, as journals written before Redis was a tier say). ``own``: the
+    injector's client of the tier, used where an entry names it (and left open). ``clients``: the store clients
+    to use and to keep what it opens in, for a caller restoring many faults (it closes them: ``close_clients``)."""
     report = HealReport()
-    for entry in entries:
-        tier, ref = tier_of(entry), _ref(entry)
-        if tier.kind == "fs":
-            # a heal killed between its copy and its rename leaves this temporary file: never a chunk, remove it
-            Path(ref).with_name(Path(ref).name + ".kvdrill-heal").unlink(missing_ok=True)
-        try:
-            try:
-                now = tier.read(ref)
-            except TIER_ERRORS:
-                # unreadable, not gone: an lm:// value whose PUT a killed kvdrill cut short drops every GET; the
-                # put back below says whether the tier itself answers
-                now = None
-            if _digest(now) == entry["sha256"]:
-                report.already_healed.append(ref)
-                continue
-            tier.put_back(ref, Path(entry["backup"]).read_bytes())
-            back = _digest(tier.read(ref))  # read back through the tier: a heal is proven, not assumed
-        except TIER_ERRORS as exc:  # the tier is gone (a stopped Redis): said, never counted as healed
-            report.failed.append(f"{ref}: {type(exc).__name__}: {exc}")
-            continue
-        if back != entry["sha256"]:
-            report.failed.append(f"{ref}: written back, but it reads back with sha256 {back} (backup {entry['sha256']})")
-            continue
-        report.undone.append(ref)
+    # one client per store, not per entry (a Mooncake client is a process of its own, a second to start)
+    mine: dict[tuple[Any, ...], ChunkTier] = {} if clients is None else clients
+    if own is not None and own.kind != "fs":
+        mine.setdefault(_where(own.describe()), own)
+    try:
+        for entry in entries:
+            _restore_one(entry, mine, report)
+    finally:
+        if clients is None:
+            close_clients({k: t for k, t in mine.items() if t is not own})
     return report
+
+
+def close_clients(clients: dict[tuple[Any, ...], ChunkTier]) -> None:
+    for tier in clients.values():
+        tier.close()  # type: ignore[attr-defined]
+    clients.clear()
+
+
+def _where(record: dict[str, Any]) -> tuple[Any, ...]:
+    return record.get("tier"), record.get("store_url"), record.get("netns"), record.get("master")
+
+
+def _restore_one(entry: dict[str, Any], clients: dict[tuple[Any, ...], ChunkTier], report: HealReport) -> None:
+    ref = _ref(entry)
+    if entry.get("tier") in ("redis", "lm", "mooncake"):
+        where = _where(entry)
+        tier = clients.get(where)
+        if tier is None:
+            tier = clients[where] = tier_of(entry)
+        elif hasattr(tier, "remember"):
+            tier.remember(ref, entry)  # this entry's own header / format (an lm:// value, a Mooncake object)
+    else:
+        tier = tier_of(entry)
+    if tier.kind == "fs":
+        # a heal killed between its copy and its rename leaves this temporary file: never a chunk, remove it
+        Path(ref).with_name(Path(ref).name + ".kvdrill-heal").unlink(missing_ok=True)
+    try:
+        try:
+            now = tier.read(ref)
+        except TIER_ERRORS:
+            # unreadable, not gone: an lm:// value whose PUT a killed kvdrill cut short drops every GET; the
+            # put back below says whether the tier itself answers
+            now = None
+        if _digest(now) == entry["sha256"]:
+            report.already_healed.append(ref)
+            return
+        tier.put_back(ref, Path(entry["backup"]).read_bytes())
+        back = _digest(tier.read(ref))  # read back through the tier: a heal is proven, not assumed
+    except TIER_ERRORS as exc:  # the tier is gone (a stopped Redis): said, never counted as healed
+        report.failed.append(f"{ref}: {type(exc).__name__}: {exc}")
+        return
+    if back != entry["sha256"]:
+        report.failed.append(f"{ref}: written back, but it reads back with sha256 {back} (backup {entry['sha256']})")
+        return
+    report.undone.append(ref)
 
 
 class KvCorrupt(Injector):
@@ -333,13 +368,14 @@ class KvCorrupt(Injector):
             row["changed"] = changed
             effective = effective and changed
             details.append(row)
-        mode, what = self.spec.mode, "chunk file(s)" if tier.kind == "fs" else f"{tier.kind} value(s)"
+        what = {"fs": "chunk file(s)", "mooncake": "Mooncake object(s)"}.get(tier.kind, f"{tier.kind} value(s)")
+        mode = self.spec.mode
         summary = (f"{mode}: {len(details)} {what} changed as planned" if effective
                    else f"{mode}: at least one {what} is not in the planned state")
         return Proof(effective=effective, summary=summary, details=details)
 
     async def heal(self) -> HealReport:
-        return await asyncio.to_thread(restore, self.undo)
+        return await asyncio.to_thread(restore, self.undo, self._tier)
 
 
 def _bit_difference(x: bytes, y: bytes) -> int:

@@ -7,12 +7,22 @@ measured: 11,796,480 B for a 256-token chunk of the sandbox model). Both are fou
 LMCache's own token hasher computes, so the warm-up, kv_corrupt and the stack's clean-up ask the same
 question of either tier: which entry holds this chunk, what are its bytes, put these bytes there.
 
-Redis is spoken with redis-py, the client Redis ships for Python; nothing here speaks RESP by hand.
+Redis is spoken with redis-py, the client Redis ships for Python; nothing here speaks RESP by hand. Mooncake Store
+objects are read and written with Mooncake's own Python client (``MooncakeTier``); the lm:// cache server, which
+ships no client of its own, with ``lm_wire``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import select
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
@@ -21,8 +31,13 @@ import redis
 
 from drills.stack.lm_wire import LmClient, LmEntry, LmServerError, parse_lm_url
 
-# what a tier raises when it cannot be read or written (a file's OSError, a Redis refused or gone)
-TIER_ERRORS: tuple[type[Exception], ...] = (OSError, redis.RedisError)
+
+class MooncakeObjectError(RuntimeError):
+    """A Mooncake Store operation failed (the master unreachable, the namespace gone, a refused upsert)."""
+
+
+# what a tier raises when it cannot be read or written (a file's OSError, a Redis refused or gone, a Mooncake error)
+TIER_ERRORS: tuple[type[Exception], ...] = (OSError, redis.RedisError, MooncakeObjectError)
 
 
 class ChunkTier(Protocol):
@@ -309,6 +324,200 @@ class LmServerTier:
         self.client.close()
 
 
+MOONCAKE_HELPER = Path(__file__).with_name("mooncake_objects.py")
+# LMCache's RemoteMetadata header before each object's bytes: int32 length, int32 fmt, then per KV group an int32
+# dtype and 4 int32 dims (lmcache/v1/protocol.py init_remote_metadata_info, 0.5.6)
+_MAX_GROUPS = 16
+
+
+def _header_length(value: bytes) -> int | None:
+    """The header's length when ``value`` is a whole LMCache object (its length field plus the header is the
+    object's length, and the header has room for whole groups), else None."""
+    if len(value) < 8:
+        return None
+    header = len(value) - int.from_bytes(value[:4], "little", signed=True)
+    groups, rest = divmod(header // 4 - 2, 5) if header % 4 == 0 and header >= 28 else (0, 1)
+    return header if rest == 0 and 1 <= groups <= _MAX_GROUPS else None
+
+
+class MooncakeTier:
+    """Mooncake Store objects as in-process LMCache's ``mooncakestore://`` connector stores them: one object per
+    full chunk, named by the chunk's CacheEngineKey string, holding LMCache's 28-byte metadata header (length, fmt,
+    dtype, shape) and then the raw tensor bytes (``save_chunk_meta``, on by default). kvdrill reads and writes the
+    bytes after the header; the header is kept, so the engine allocates as before and reads new bytes (a truncated
+    value keeps a header that promises more: the engine's length check is what a short object meets).
+
+    Every operation is Mooncake's own Python client (drills/stack/mooncake_objects.py), run with the stack venv's
+    Python in the stack's network namespace against the master's own RPC port, never the proxy in front of it.
+    """
+
+    kind = "mooncake"
+    ref_field = "key"
+
+    def __init__(self, netns: str | None, master: str, python: Path | None = None) -> None:
+        self.netns, self.master = netns, master
+        self.python = python
+        self.headers: dict[str, bytes] = {}  # key -> its LMCache header, as last read (or from an undo record)
+        self._helper: subprocess.Popen | None = None  # the client process, connected once (mooncake_objects.py)
+        self._stderr: Any = None
+        self._buffer = b""
+        self._lock = threading.Lock()
+
+    def describe(self) -> dict[str, Any]:
+        return {"tier": self.kind, "netns": self.netns, "master": self.master}
+
+    def _start(self) -> subprocess.Popen:
+        from drills.pins import stack_python
+
+        # -P: the helper's own directory is not put on sys.path (its drills/stack/mooncake.py would shadow Mooncake's)
+        argv = [str(self.python or stack_python()), "-P", str(MOONCAKE_HELPER), self.master]
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "MC_TCP_BIND_ADDRESS": "127.0.0.1", "GLOG_logtostderr": "1"}
+        self._stderr = tempfile.TemporaryFile()
+        self._buffer = b""
+        # its own session: a signal meant for kvdrill's group does not cut an upsert short; it ends when stdin closes
+        self._helper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                        env=env, start_new_session=True)
+        weakref.finalize(self, _end_helper, self._helper)
+        self._answer("connect", timeout=60)
+        return self._helper
+
+    def _answer(self, op: str, timeout: float) -> Any:
+        """The helper's next answer line; a helper that ends or says nothing in time is stopped and said."""
+        proc = self._helper
+        assert proc is not None and proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            line, sep, rest = self._buffer.partition(b"\n")
+            if sep:
+                self._buffer = rest
+                if line.startswith(b"kvdrill-result "):
+                    return json.loads(line[len(b"kvdrill-result "):])
+                continue  # a line of the client library's own, not an answer
+            left = deadline - time.monotonic()
+            ready = select.select([proc.stdout], [], [], max(left, 0))[0] if left > 0 else []
+            chunk = os.read(proc.stdout.fileno(), 1 << 16) if ready else None
+            if chunk:
+                self._buffer += chunk
+                continue
+            # a frozen master or contributor hangs a client instead of failing it (shared/facts/mooncake.md)
+            why = f"gave no answer in {timeout:.0f}s" if chunk is None else "ended"
+            _end_helper(proc)
+            self._helper = None
+            self._stderr.seek(0)
+            tail = " | ".join(self._stderr.read().decode(errors="replace").strip().splitlines()[-3:])[-600:]
+            where = f" in namespace {self.netns}" if self.netns else ""
+            raise MooncakeObjectError(f"Mooncake {op} at {self.master}{where}: the client {why} "
+                                      f"(exit {proc.returncode}): {tail}")
+
+    def _run(self, op: str, timeout: float = 60, **request: Any) -> Any:
+        with self._lock:
+            proc = self._helper if self._helper is not None and self._helper.poll() is None else self._start()
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write((json.dumps({"op": op, **request}) + "\n").encode())
+                proc.stdin.flush()
+            except OSError as exc:
+                self._helper = None
+                raise MooncakeObjectError(f"Mooncake {op} at {self.master}: the client is gone ({exc})") from exc
+            said = self._answer(op, timeout)
+        if "error" in said:
+            raise MooncakeObjectError(f"Mooncake {op} {request.get('key', '')} at {self.master}: {said['error']}")
+        return said["result"]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._helper is not None:
+                _end_helper(self._helper)
+                self._helper = None
+
+    def locate(self, chunk_hashes: list[str]) -> dict[str, str]:
+        """``chunk_hashes`` are full CacheEngineKey strings here, asked about in one batch."""
+        keys = list(dict.fromkeys(chunk_hashes))
+        return {k: k for k in self._run("exists", keys=keys)}
+
+    def _value(self, ref: str) -> bytes | None:
+        with tempfile.TemporaryDirectory(prefix="kvdrill-mooncake-") as tmp:
+            out = Path(tmp) / "object"
+            if not self._run("get", key=ref, file=str(out)):
+                return None
+            return out.read_bytes()
+
+    def _header(self, ref: str, value: bytes) -> bytes:
+        known = self.headers.get(ref)
+        if known is not None:
+            return known
+        length = _header_length(value)
+        if length is None:
+            raise MooncakeObjectError(f"{ref!r} at {self.master} is not an LMCache object with its metadata header "
+                                      f"({len(value)} bytes whose length field says {int.from_bytes(value[:4], 'little')})")
+        self.headers[ref] = value[:length]
+        return self.headers[ref]
+
+    def read(self, ref: str) -> bytes | None:
+        value = self._value(ref)
+        return None if value is None else value[len(self._header(ref, value)):]
+
+    def size(self, ref: str) -> int | None:
+        if ref not in self.headers:
+            data = self.read(ref)
+            return None if data is None else len(data)
+        size = self._run("size", key=ref)
+        return None if size is None else size - len(self.headers[ref])
+
+    def write(self, ref: str, data: bytes) -> None:
+        header = self.headers.get(ref)
+        if header is None:
+            value = self._value(ref)
+            if value is None:  # a restarted master starts empty: never create an object the engine did not store
+                raise MooncakeObjectError(f"{ref!r} is not in the Mooncake store at {self.master}: there is no object to "
+                                          "replace (and no LMCache header to write one with)")
+            header = self._header(ref, value)
+        with tempfile.TemporaryDirectory(prefix="kvdrill-mooncake-") as tmp:
+            src = Path(tmp) / "object"
+            src.write_bytes(header + data)
+            self._run("put", key=ref, file=str(src))
+
+    def put_back(self, ref: str, data: bytes) -> None:
+        self.write(ref, data)  # an upsert: a reader gets the old object or the new one, never half of each
+
+    def delete(self, ref: str) -> None:
+        self._run("remove", key=ref)
+
+    def remove(self, salt_prefix: str | None = None) -> dict[str, int]:
+        pattern = f".*@{re.escape(salt_prefix)}.*" if salt_prefix else "[^@]*@[^@]*@[^@]*@[^@]*@.*"
+        return {"mooncake_objects_removed": int(self._run("remove-regex", pattern=pattern))}
+
+    def stats(self) -> None:
+        return None  # the master's own Prometheus series are the stack's metrics already
+
+    def record(self, ref: str) -> dict[str, Any]:
+        """The object's LMCache header: a heal in another process writes it back before the bytes, even when the
+        object is gone or its header damaged."""
+        return {"header": self.headers[ref].hex()}
+
+    def remember(self, ref: str, record: dict[str, Any]) -> None:
+        header = record.get("header")
+        if isinstance(header, str) and re.fullmatch(r"(?:[0-9a-f]{2}){28,328}", header):
+            self.headers[ref] = bytes.fromhex(header)
+
+
+def _end_helper(proc: subprocess.Popen) -> None:
+    """Close the helper's stdin (it ends by itself), and stop it if it does not: a hung client is killed."""
+    if proc.poll() is None:
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait(timeout=5)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None and not pipe.closed:
+            pipe.close()
+
+
 def redis_url_problem(url: Any) -> str | None:
     """Why ``url`` is not a plain ``redis://host:port[/db]`` URL, or None."""
     if not isinstance(url, str):
@@ -330,6 +539,11 @@ def tier_of(record: dict[str, Any]) -> ChunkTier:
     without ``tier`` was written before Redis was a tier: a file."""
     if record.get("tier", "fs") == "redis":
         return RedisTier(record["store_url"])
+    if record.get("tier") == "mooncake":
+        objects = MooncakeTier(record.get("netns"), record["master"])
+        if isinstance(record.get("key"), str):
+            objects.remember(record["key"], record)
+        return objects
     if record.get("tier") == "lm":
         tier = LmServerTier(record["store_url"])
         if isinstance(record.get("key"), str):

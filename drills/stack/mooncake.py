@@ -30,6 +30,8 @@ from drills.scenario import StackSpec
 from drills.shipped import COMPOSE
 from drills.stack.api import Capability
 from drills.stack.base import ProcessStack
+from drills.stack.chunk_tiers import ChunkTier, MooncakeTier
+from drills.stack.engine_keys import EngineKeys
 from drills.stack.kernelnet import KernelNet
 from drills.stack.netns import NetNamespace
 from drills.stack.process import StackError
@@ -103,7 +105,7 @@ CONNECTOR_DOWN = re.compile(r"degraded mode|No supported \w+ connector|Failed to
 NOTHING_STORED_AFTER_S = 5.0
 
 
-class MooncakeStack(ProcessStack):
+class MooncakeStack(EngineKeys, ProcessStack):
     ref = "sandbox-mooncake"
     starts = "Mooncake master and contributors, vLLM engine with in-process LMCache, and baseline vLLM"
     warms = "the Mooncake store through in-process LMCache"
@@ -131,8 +133,7 @@ class MooncakeStack(ProcessStack):
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
         return {
             Capability.SIGNAL: None,
-            Capability.CHUNK_FILES: "LMCache runs inside vLLM here and keeps its KV as Mooncake objects, not L2 "
-                                    "chunk files (stack.ref: sandbox or sandbox-docker)",
+            Capability.CHUNK_FILES: None,  # Mooncake objects, found by in-process LMCache's key (MooncakeTier)
             Capability.PROXIED_LINKS: None,
             Capability.NAMESPACE_LINKS: None,
             Capability.RUN_FILESYSTEM: "its KV lives in the contributors' memory segments, not on a filesystem the "
@@ -160,6 +161,7 @@ class MooncakeStack(ProcessStack):
         self.netns: NetNamespace | None = None
         self.netns_created = False
         self.lmcache_config = self.run_dir / "stack" / "lmcache.yaml"
+        self._tier: MooncakeTier | None = None
 
     def state(self) -> dict[str, Any]:
         return {"run_dir": str(self.run_dir), "options": asdict(self.options), "ports": self.ports,
@@ -262,6 +264,9 @@ class MooncakeStack(ProcessStack):
 
     async def down(self) -> None:
         """Stop every process (dependents first), then delete the namespace; safe to call twice."""
+        if self._tier is not None:  # kvdrill's own Mooncake client, in the namespace
+            self._tier.close()
+            self._tier = None
         try:
             await self.driver.stop_all()
         finally:
@@ -291,6 +296,8 @@ class MooncakeStack(ProcessStack):
         # drills/stack/docker_mooncake.py) is reached through ports published on 127.0.0.1
         if isinstance(self.netns, NetNamespace) and self.netns_created:
             owned.netns_addrs |= {str(self.netns.ns_addr), str(self.netns.host_addr)}
+        if self.netns is not None and self.netns_created:  # the pod's is listed under a name the stack gave it
+            owned.netns_names.add(self.netns.name if isinstance(self.netns, NetNamespace) else str(self.netns))
         return owned
 
     async def metrics_text(self, name: str) -> str:
@@ -410,6 +417,16 @@ class MooncakeStack(ProcessStack):
 
     def _logged_stores(self) -> int:
         return engine_log_counters(self.log_path("engine"))["kvdrill_engine_log_lmcache_stored_tokens"]
+
+    def chunk_tier(self) -> ChunkTier:
+        """The store's objects, read and written with Mooncake's own client in the stack's namespace, against the
+        master's own RPC port (never the proxy a network fault may sit on)."""
+        if self.netns is None:
+            raise StackError("the Mooncake stack is not up: no namespace to reach its master in")
+        name = self.netns.name if isinstance(self.netns, NetNamespace) else str(self.netns)
+        if self._tier is None or self._tier.netns != name:
+            self._tier = MooncakeTier(name, f"127.0.0.1:{self.ports['master_rpc']}")
+        return self._tier
 
     async def master_metrics(self) -> dict[str, float]:
         """The master's Prometheus series (``master_*`` and the rest), parsed."""

@@ -54,6 +54,19 @@ def test_human_plan_names_stack_services_fault_targets_and_seeds(monkeypatch):
         assert needle in text, needle
 
 
+def test_a_mooncake_object_is_planned_with_the_master_and_namespace_it_is_reached_through(tmp_path):
+    code, text = dry("--json", "--reports-dir", str(tmp_path),
+                     str(REPO / "scenarios" / "controls" / "d21-mooncake-object-zeroed-chunk.yaml"))
+    plan = json.loads(text)
+    assert code == 0 and plan["allowed"]
+    [fault] = plan["faults"]
+    # the master's own RPC port in the run's namespace, never the proxy (port 50061) a network fault may sit on
+    assert fault["targets"][0] == {"prompt": 0, "chunk": 1, "key": "<Mooncake object key of prompt 0, chunk 1>",
+                                   "tier": "mooncake", "master": "127.0.0.1:50051",
+                                   "netns": "<kvd-<8 hex>, the run's namespace>"}
+    assert "LMCache's own token hasher" in fault["seeded"]["mooncake_keys"]
+
+
 def test_refused_plan_exits_2_and_says_what_to_add(monkeypatch):
     from rich.console import Console
 

@@ -175,6 +175,16 @@ def test_check_target_finds_every_host_path_and_group_at_any_depth(tmp_path):
     assert len(exc.value.refusals) == 4 and "chaos.faults[3] (model)" in str(exc.value)
 
 
+def test_a_mooncake_object_target_is_judged_by_its_master_and_its_namespace(tmp_path):
+    """kv_corrupt on Mooncake objects names the master it writes through and the namespace it runs its client in:
+    both are checked, so an object of a store the run did not start is refused."""
+    p = policy(owned=Owned(dirs=[tmp_path], netns_names={"kvd-0000abcd"}))
+    ours = {"tier": "mooncake", "key": "m@1@0@h@float", "master": "127.0.0.1:50051", "netns": "kvd-0000abcd"}
+    assert p.check_target(ours, "x") == []
+    rules = sorted((r.rule, r.target) for r in p.check_target({**ours, "master": "10.0.0.9:50051", "netns": "prod"}, "x"))
+    assert rules == [("host", "10.0.0.9"), ("netns", "prod")]
+
+
 def test_a_stack_says_what_it_created(tmp_path):
     import httpx
 
@@ -193,9 +203,11 @@ def test_a_stack_says_what_it_created(tmp_path):
     stack.netns, stack.netns_created = NetNamespace.plan(), True
     owned = stack.owned()
     assert owned.pgids == {11, 12} and owned.netns_addrs == {str(stack.netns.ns_addr), str(stack.netns.host_addr)}
+    assert owned.netns_names == {stack.netns.name}
     assert owned.dirs == [tmp_path / "run", stack.model_dir.parent]
     stack.netns_created = False
-    assert stack.owned().netns_addrs == set()  # a namespace the run did not create is not its own
+    # a namespace the run did not create is not its own
+    assert stack.owned().netns_addrs == set() and stack.owned().netns_names == set()
 
 
 def test_policy_for_without_a_stack_allows_loopback_only():
