@@ -63,4 +63,7 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D20", "in-process LMCache's local disk serves a zeroed chunk file silently (hit reported, output wrong): "
                   "LocalDiskBackend reads the raw bytes back with no checksum, and no serde applies to it",
            "LMCache in-process, local disk (LMCACHE_LOCAL_DISK)", ("correctness", "hit_rate")),
+    Defect("D21", "in-process LMCache serves a zeroed Mooncake Store object silently (hit reported, output wrong): "
+                  "Mooncake keeps no checksum of an object and the naive remote serde checks nothing",
+           "LMCache in-process, Mooncake Store (mooncakestore://)", ("correctness", "hit_rate")),
 )}

@@ -15,7 +15,9 @@ point, as a drill's L2 lives in its run, and each must end with its original sha
 variants corrupt the values of the test's redis-server instead (a Redis L2, ``l2_adapter: resp``): the
 harness journals it as its L2 in ``stack.prepared`` as the sandbox does, and every value must end as it was. The
 ``kv-lm-*`` variants do the same with the values of the test's lm:// cache server (``lmcache_server``), journaled as
-sandbox-lmserver journals its server.
+sandbox-lmserver journals its server. The ``kv-mooncake-*`` variants start a Mooncake master and a contributor of
+their own in a namespace of the run (as sandbox-mooncake does; rollback stops them and deletes it after writing the
+objects back) and corrupt its objects through Mooncake's own client.
 
 Progress goes to RUN_DIR/harness.log, one line per step, so the test can say where each kill landed.
 """
@@ -36,7 +38,7 @@ import httpx
 
 from drills.journal import Journal
 from drills.scenario import StackSpec
-from drills.stack.chunk_tiers import FileTier, LmServerTier, RedisTier
+from drills.stack.chunk_tiers import FileTier, LmServerTier, MooncakeTier, RedisTier
 from drills.stack.lm_wire import LmEntry
 from drills.stack.netns import NetNamespace
 from drills.stack.process import ProcessDriver, ServiceSpec
@@ -59,6 +61,9 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "kv-lm-zero": ("kv_corrupt", {"mode": "zero", "chunk": 1}, {"lm": True}),
     "kv-lm-truncate": ("kv_corrupt", {"mode": "truncate", "chunk": 0, "keep_fraction": 0.0}, {"lm": True}),
     "kv-lm-stale": ("kv_corrupt", {"mode": "stale", "chunk": 1, "prompts": [0]}, {"lm": True}),
+    "kv-mooncake-zero": ("kv_corrupt", {"mode": "zero", "chunk": 1}, {"mooncake": True}),
+    "kv-mooncake-truncate": ("kv_corrupt", {"mode": "truncate", "chunk": 0, "keep_fraction": 0.25}, {"mooncake": True}),
+    "kv-mooncake-swap": ("kv_corrupt", {"mode": "swap", "chunk": 0, "with_chunk": 1, "prompts": [2]}, {"mooncake": True}),
     "disk-fill-tmpfs": ("disk", {"mode": "fill", "percent": 70}, {"l2_fs": {"kind": "tmpfs", "size": "64MiB"}}),
     "disk-full-ext4": ("disk", {"mode": "full"}, {"l2_fs": {"kind": "ext4", "size": "16MiB"}}),
     "disk-inodes": ("disk", {"mode": "inodes"}, {"l2_fs": {"kind": "tmpfs", "size": "16MiB", "inodes": 2048}}),
@@ -141,6 +146,37 @@ class MiniStack:
     async def restart(self, name: str, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
         await self.driver.restart(self.specs[name], self.http, sig=sig, grace=min(grace, 1.0))
 
+    async def start_mooncake(self, seed: int) -> None:
+        """A Mooncake master and one contributor in a namespace of the run, started and journaled as the Mooncake
+        stack starts its own (their pids and the namespace are the run's: rollback stops and deletes them), holding
+        the 6 objects of ``mooncake_values(seed)``; journaled in ``stack.prepared`` as sandbox-mooncake does."""
+        from drills.pins import stack_venv
+
+        self.create_netns()
+        assert self.netns is not None
+        bin_, ns, addr = stack_venv() / "bin", self.netns.name, self.netns.ns_addr
+        env = {"PATH": "/usr/bin:/bin", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+        self.journal.append("stack.prepared", ref="sandbox-mooncake", ports={"master_rpc": 50051},
+                            netns=self.netns.as_dict())
+        self.specs["mooncake-master"] = ServiceSpec(
+            name="mooncake-master", netns=ns, env=env, health_url=f"http://{addr}:9003/health", startup_deadline=30,
+            argv=[str(bin_ / "mooncake_master"), "--rpc_address=127.0.0.1", "--rpc_port=50051",
+                  f"--metrics_host={addr}", "--metrics_port=9003", "--enable_http_metadata_server=true",
+                  "--http_metadata_server_host=127.0.0.1", "--http_metadata_server_port=8080", "--logtostderr"])
+        self.specs["store-a"] = ServiceSpec(
+            name="store-a", netns=ns, env=env, health_url=f"http://{addr}:9300/health", startup_deadline=30,
+            argv=[str(bin_ / "mooncake_client"), "--host=127.0.0.1", "--port=50052", "--global_segment_size=64 MB",
+                  "--local_buffer_size=16 MB", "--master_server_address=127.0.0.1:50051",
+                  "--metadata_server=P2PHANDSHAKE", "--protocol=tcp", "--enable_http_server=true", "--http_port=9300"])
+        for name in ("mooncake-master", "store-a"):
+            await self.driver.wait_healthy(self.driver.start(self.specs[name]), self.http)
+        self.tier = MooncakeTier(ns, "127.0.0.1:50051")
+        for key, value in mooncake_values(seed).items():
+            src = self.run_dir / "object"
+            src.write_bytes(value)
+            self.tier._run("put", key=key, file=str(src))
+        self.mooncake_seed = seed
+
     def chunk_tier(self):
         return self.tier
 
@@ -149,9 +185,11 @@ class MiniStack:
             refs = sorted(k.decode() for k in self.tier.client.scan_iter(match="*@*@*@*"))
         elif isinstance(self.tier, LmServerTier):  # the server lists nothing: the keys the test stored
             refs = sorted(lm_values(self.lm_seed))
+        elif isinstance(self.tier, MooncakeTier):
+            refs = sorted(mooncake_values(self.mooncake_seed))
         else:
             refs = [str(f) for f in sorted(self.chunks.glob("*.data"))]
-        lm = isinstance(self.tier, LmServerTier)  # an lm:// key ends in its dtype, its hash before it
+        lm = isinstance(self.tier, (LmServerTier, MooncakeTier))  # such a key ends in its dtype, its hash before it
         return [[ChunkFile(prompt_id=p, chunk=c, chunk_hash=ref.split("@")[-2] if lm else ref.rpartition("@")[2], path=ref)
                  for c, ref in enumerate(refs[p * CHUNKS_PER_PROMPT:(p + 1) * CHUNKS_PER_PROMPT])]
                 for p in range(len(token_lists))]
@@ -167,6 +205,15 @@ def lm_values(seed: int) -> dict[str, LmEntry]:
     rng = random.Random(seed)
     return {f"/models/m@1@0@{rng.getrandbits(60):x}@float": LmEntry(rng.randbytes(64 * 1024), 1, 4, (1, 2, 64, 128))
             for _ in range(6)}
+
+
+def mooncake_values(seed: int) -> dict[str, bytes]:
+    """The 6 objects a kv-mooncake-* point stores: in-process LMCache's key shape, its 28-byte header, then bytes."""
+    import struct
+
+    rng = random.Random(seed)
+    return {f"/models/m@1@0@{rng.getrandbits(60):x}@float": struct.pack("<7i", 64 * 1024, 1, 4, 1, 2, 64, 128)
+            + rng.randbytes(64 * 1024) for _ in range(6)}
 
 
 async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: Path, redis_url: str | None,
@@ -196,6 +243,8 @@ async def main(run_dir: Path, variant: str, seed: int, toxiproxy: str, chunks: P
             stack.create_netns()
         if needs.get("service"):
             await stack.start_service(run_dir)
+        if needs.get("mooncake"):
+            await stack.start_mooncake(seed)
         prompts = PromptSet([Prompt(id=i, token_ids=list(range(i, i + 8))) for i in range(3)], 0, seed)
         step(log, "READY")
         cls = registry()[family]

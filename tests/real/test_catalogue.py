@@ -42,6 +42,8 @@ pytestmark = pytest.mark.real
 #   Valkey; kv_corrupt's every Redis test runs on a real Valkey too, in tests/injectors/test_kv_corrupt_redis.py);
 # - lm:// cache server (sandbox-lmserver): the controls d17, d18 and d19 (basics/net-lm-link-reset) stay, a fresh
 #   stack each (about 1.3 min); on the local disk (sandbox-localdisk), the control d20 stays (a fresh stack, 1.5 min);
+# - Mooncake objects (sandbox-mooncake): the control d21 stays (about 1.5 min); mooncake-object-stale and
+#   mooncake-object-truncate move;
 # - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) moves too, and runs on an attached stack in
 #   test_attach.py (also in make test-catalogue).
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
@@ -51,7 +53,8 @@ FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slo
              "disk-fill.yaml", "disk-readonly.yaml", "disk-errno-", "mooncake-2475-", "engine-restart.yaml",
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
              "net-blackhole.yaml", "net-reset-peer.yaml", "net-latency.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
-             "verify-stack.yaml", "net-redis-", "redis-maxmemory-", "d14-twin-", "d16-twin-", "valkey-l2-")
+             "verify-stack.yaml", "net-redis-", "redis-maxmemory-", "d14-twin-", "d16-twin-", "valkey-l2-",
+             "mooncake-object-")
 EXCLUDED = ("flagship", "gameday", "experiments", "evaluation")  # gameday/ waits for an operator: test_gameday.py
 # the drills on users' prompts (the chat flagship pair, the trace retro, the evaluation at fault) run as their own
 # suite in tests/real/test_prompts_file.py (make test-catalogue), which also checks where each zero was put
@@ -153,7 +156,7 @@ def test_every_control_surfaces_its_defect_and_every_twin_passes(catalogue):
     controls = {r["defect"] for r in rows if r["role"] == "control"}
     assert [r for r in rows if not r["held"]] == []
     # every defect but D1 (the flagship pair, tests/real/test_flagship.py) has its control in the catalogue
-    assert doc["summary"]["surfaced"] == [f"D{n}" for n in range(2, 21)] == sorted(controls, key=lambda d: int(d[1:]))
+    assert doc["summary"]["surfaced"] == [f"D{n}" for n in range(2, 22)] == sorted(controls, key=lambda d: int(d[1:]))
     assert doc["summary"]["no_control"] == ["D1"]
     assert all(r["cause_named"] for r in rows if r["role"] == "control" and r["cause_pattern"])
     assert doc["summary"]["twins"] >= 5 and doc["summary"]["twins_held"] == doc["summary"]["twins"]

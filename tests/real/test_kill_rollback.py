@@ -20,8 +20,10 @@ Design (cost matters: a full sandbox drill is minutes of vLLM start-up, so 50 of
   toxics and down; kernel bandwidth, down and loss in a namespace) and process (stop, kill, term,
   restart) and kv_corrupt on a Redis L2 (zero, bitflip, swap: the values of a redis-server the test runs,
   each back to its bytes after rollback) and on an lm:// cache server (zero, truncate, stale: the values of an
-  ``lmcache_server`` the test runs, each back to its bytes, format, dtype and shape after rollback). ``model`` is not here: its swap needs engines to restart; its undo
-  is unit-tested.
+  ``lmcache_server`` the test runs, each back to its bytes, format, dtype and shape after rollback) and on Mooncake
+  objects (zero, truncate, swap: a master and a contributor the point starts in a namespace of the run; rollback
+  reads each object back through Mooncake's client before it stops them). ``model`` is not here: its swap needs
+  engines to restart; its undo is unit-tested.
   The Toxiproxy server and the chunk files are the test's, shared by every point, so their state after
   rollback is the proof (a run-owned server would take its toxics with it when stopped). The chunk
   files are written by this test, not by LMCache (no engine here); the injector and rollback treat
@@ -209,7 +211,7 @@ def _rollback(run: Path, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
                        toxiproxy: str | None, where: str, redis_values: tuple[Any, dict[str, bytes]] | None = None,
-                       lm: tuple[Any, dict[str, Any]] | None = None) -> None:
+                       lm: tuple[Any, dict[str, Any]] | None = None, mooncake: bool = False) -> None:
     first = _rollback(run)
     assert first.returncode == 0, f"{where}: rollback failed:\n{first.stdout}\n{first.stderr}"
     history = read_history(run)
@@ -236,6 +238,17 @@ def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
         client, entries = lm
         wrong = [k for k, v in entries.items() if client.get(k) != v]  # bytes, format, dtype and shape
         assert not wrong, f"{where}: lm:// values not restored: {wrong}\n{first.stdout}"
+    if mooncake:
+        # the store is the run's (rollback stops it and deletes its namespace after the faults), so the proof is
+        # rollback's own: each object of a fault the run did not heal was read back through Mooncake's client with
+        # its original digest, written back first where it differed (restore() counts nothing it did not read)
+        healed = {e.data["fault_id"] for e in history.of_type("fault.healed")}
+        keys = {entry["key"] for e in history.of_type("fault.undo") if e.data["fault_id"] not in healed
+                for entry in e.data["restore"]}
+        assert all(entry.get("tier") == "mooncake" for e in history.of_type("fault.undo") for entry in e.data["restore"])
+        proven = {e.data["what"] for e in history.of_type("rollback.undone", "rollback.already_healed")}
+        assert keys <= proven and not list(history.of_type("rollback.failed")), \
+            f"{where}: Mooncake objects not proven restored: {sorted(keys - proven)}\n{first.stdout}"
     assert len(history.problems) <= 1, f"{where}: journal unreadable: {history.problems}"  # at most the torn line
     verdict = history.first("verdict")
     assert verdict is not None and verdict.data["verdict"] in ("aborted", "pass", "fail", "error"), where
@@ -246,7 +259,9 @@ def assert_rolled_back(run: Path, chunks: tuple[Path, dict[str, str]] | None,
 
 def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2, lm_store):
     rng = random.Random(SEED)
-    names = sorted(VARIANTS)
+    # KVDRILL_KILL_VARIANTS=kv-mooncake-,disk-: only the variants that start so (with KVDRILL_KILL_POINTS, to replay)
+    only = [p for p in os.environ.get("KVDRILL_KILL_VARIANTS", "").split(",") if p]
+    names = sorted(v for v in VARIANTS if not only or v.startswith(tuple(only)))
     order = [names[i % len(names)] for i in range(POINTS)]
     rng.shuffle(order)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -299,7 +314,8 @@ def test_sigkill_campaign(tmp_path, chunks, toxiproxy, redis_l2, lm_store):
         assert exited is None, f"harness died on its own before the kill: {point}\n{(run / 'harness.out').read_text()[-3000:]}"
         assert not any("NOT EFFECTIVE" in s for s in steps), f"{point}: an injection did not take effect: {steps[-3:]}"
         assert_rolled_back(run, (run_chunks, chunks[1]), toxiproxy, f"kill point {point}",
-                           redis_l2[1:] if on_redis else None, lm_store[1:] if on_lm else None)
+                           redis_l2[1:] if on_redis else None, lm_store[1:] if on_lm else None,
+                           mooncake=VARIANTS[variant][2].get("mooncake", False))
     record.close()
     print(f"{POINTS} kill points in {time.monotonic() - started:.0f}s; last step before each kill: {landed}")
     assert POINTS >= 50 or os.environ.get("KVDRILL_KILL_POINTS"), "the campaign needs at least 50 kill points"
