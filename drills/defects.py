@@ -66,4 +66,8 @@ DEFECTS: dict[str, Defect] = {d.id: d for d in (
     Defect("D21", "in-process LMCache serves a zeroed Mooncake Store object silently (hit reported, output wrong): "
                   "Mooncake keeps no checksum of an object and the naive remote serde checks nothing",
            "LMCache in-process, Mooncake Store (mooncakestore://)", ("correctness", "hit_rate")),
+    Defect("D22", "in-process LMCache's local disk never stores a chunk again after its write failed (a full disk): "
+                  "the put task stays registered (the ENOSPC is swallowed, no log line), every later put of the key "
+                  "is skipped",
+           "LMCache in-process, local disk (LMCACHE_LOCAL_DISK)", ("recovery",)),
 )}

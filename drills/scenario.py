@@ -40,7 +40,7 @@ from injectors.base import registry
 Verdict = Literal["pass", "no_effect", "fail", "error", "aborted"]
 DefectId = Literal["D1", "D2", "D3", "D4", "D5", "D6", "D7", "D8", "D9", "D10", "D11", "D12", "D13",
                    "D14", "D15", "D16", "D17", "D18",
-                   "D19", "D20", "D21"]
+                   "D19", "D20", "D21", "D22"]
 CheckName = Literal["correctness", "degenerate", "hit_rate", "leaks", "liveness", "recovery", "slo", "oracle", "logs",
                     "score", "production", "l2_usage"]
 OracleSource = Literal["salted", "baseline", "both"]

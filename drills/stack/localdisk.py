@@ -16,8 +16,10 @@ the same in-process LMCache, the same key computation; only the tier differs, an
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import httpx
@@ -27,8 +29,11 @@ from drills.scenario import StackSpec
 from drills.shipped import COMPOSE
 from drills.stack.api import Capability
 from drills.stack.chunk_tiers import ChunkTier, LocalDiskTier
+from drills.stack.diskfs import RunFilesystem
+from drills.stack.faultfs import FaultFs
 from drills.stack.lmserver import LmServerOptions, LmServerStack
 from drills.stack.process import group_members
+from drills.stack.sandbox import RunL2Mount
 
 COMPOSE_FILE = COMPOSE / "sandbox-localdisk" / "stack.yaml"
 # LMCache's max_local_disk_size (GB): far above a drill's chunks (12 MB each), so nothing is evicted
@@ -56,7 +61,14 @@ def open_files_under(pids: set[int], directory: Path) -> int:
     return count
 
 
-class LocalDiskStack(LmServerStack):
+@dataclasses.dataclass(frozen=True)
+class LocalDiskOptions(LmServerOptions):
+    # stack.lmcache.l2_fs as data (kind, size in bytes, inodes, faultfs): the local disk on a filesystem the run
+    # mounts, so the disk family reaches it
+    l2_fs: dict[str, Any] | None = None
+
+
+class LocalDiskStack(RunL2Mount, LmServerStack):
     ref = "sandbox-localdisk"
     starts = "vLLM engine with in-process LMCache on its local disk, and baseline vLLM"
     warms = "in-process LMCache's local disk"
@@ -71,6 +83,13 @@ class LocalDiskStack(LmServerStack):
         return local_disk_dir(run_dir), None
 
     @classmethod
+    def options_from(cls, spec: StackSpec) -> LocalDiskOptions:
+        fs = spec.lmcache.l2_fs
+        return LocalDiskOptions(**dataclasses.asdict(LmServerStack.options_from(spec)),
+                                l2_fs=None if fs is None else {"kind": fs.kind, "size": int(fs.size),
+                                                               "inodes": fs.inodes, "faultfs": fs.faultfs})
+
+    @classmethod
     def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
         return {
             **super().capabilities(spec),
@@ -78,8 +97,9 @@ class LocalDiskStack(LmServerStack):
                                       "cut (stack.ref: sandbox-lmserver has one, proxy lm-server)",
             Capability.NAMESPACE_LINKS: "its in-process LMCache stores on its own disk: there is no link to throttle "
                                         "or cut",
-            Capability.RUN_FILESYSTEM: "its local disk is a directory of the run, on no filesystem the run mounts yet "
-                                       "(stack.ref: sandbox or sandbox-docker, with stack.lmcache.l2_fs)",
+            Capability.RUN_FILESYSTEM: None if spec.lmcache.l2_fs is not None else
+            "its local disk is a directory of the run on a disk it did not create; set stack.lmcache.l2_fs (a "
+            "run-owned tmpfs or loop ext4, with the fault filesystem for errno) to put it on one the run mounts",
         }
 
     @classmethod
@@ -89,6 +109,7 @@ class LocalDiskStack(LmServerStack):
     def __init__(self, options: LmServerOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)
         self.l2_dir = local_disk_dir(self.run_dir)
+        self.l2_fs: RunFilesystem | FaultFs | None = None  # the run's filesystem under the local disk
 
     def kv_home(self) -> dict[str, Any]:
         return {"local_disk": str(self.l2_dir)}
@@ -98,6 +119,9 @@ class LocalDiskStack(LmServerStack):
 
     def prepare(self) -> None:
         self.l2_dir.mkdir(parents=True, exist_ok=True)
+        fs = getattr(self.options, "l2_fs", None)
+        if fs is not None and self.l2_fs is None:
+            self._mount_l2(SimpleNamespace(**fs))  # before the engine opens the directory
         super().prepare()
 
     @property
@@ -121,4 +145,7 @@ class LocalDiskStack(LmServerStack):
 
     async def down(self) -> None:
         self._tier = None  # files: nothing to close
-        await self.driver.stop_all()
+        try:
+            await self.driver.stop_all()
+        finally:
+            self._unmount_l2()  # after the engine: nothing holds a file there any more

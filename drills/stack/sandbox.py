@@ -209,7 +209,51 @@ class ChunkFile:
     path: str | None  # where the L2 holds it: a file's path, or a Redis key (None: not stored)
 
 
-class SandboxStack(ProcessStack):
+class RunL2Mount:
+    """A stack whose KV directory (``l2_dir``) may live on a filesystem the run mounts (``stack.lmcache.l2_fs``):
+    the sandbox's fs L2, the local-disk stack's disk. Mounting is journaled before it happens and undone at down
+    (or by rollback from the journal)."""
+
+    run_dir: Path
+    journal: Journal
+    l2_dir: Path
+    l2_fs: RunFilesystem | FaultFs | None
+
+    def _mount_l2(self, opt) -> None:
+        """The L2 directory on a filesystem the run mounts (journaled before it is mounted, so a crashed
+        run can be rolled back), and optionally the fault filesystem over it."""
+        stack_dir = self.run_dir / "stack"
+        if opt.faultfs:
+            disk = RunFilesystem.plan(opt.kind, int(opt.size), stack_dir / "l2fs", self.run_dir, inodes=opt.inodes)
+            self.journal.append("stack.l2_fs.planned", filesystem=disk.as_dict())
+            disk.mount()
+            (disk.mountpoint / "l2").mkdir(exist_ok=True)
+            ffs = FaultFs.plan(disk.mountpoint / "l2", self.l2_dir, self.run_dir, backing_fs=disk)
+            self.l2_fs = ffs
+            self.journal.append("stack.l2_fs.planned", faultfs=ffs.as_dict())
+            ffs.start()
+        else:
+            disk = RunFilesystem.plan(opt.kind, int(opt.size), self.l2_dir, self.run_dir, inodes=opt.inodes)
+            self.journal.append("stack.l2_fs.planned", filesystem=disk.as_dict())
+            self.l2_fs = disk
+            disk.mount()
+        self.journal.append("stack.l2_fs.mounted", kind=opt.kind, size_bytes=int(opt.size), inodes=opt.inodes,
+                            faultfs=opt.faultfs, l2_dir=str(self.l2_dir))
+
+    def _unmount_l2(self) -> None:
+        fs, self.l2_fs = self.l2_fs, None
+        if fs is None:
+            return
+        done: dict[str, list[str]] = {"undone": [], "already_gone": []}
+        parts = [fs.stop, fs.backing_fs.destroy] if isinstance(fs, FaultFs) else [fs.destroy]
+        for part in parts:
+            for k, v in part().items():
+                done.setdefault(k, []).extend(v)
+        self.journal.append("stack.l2_fs.removed", **done)
+
+
+
+class SandboxStack(RunL2Mount, ProcessStack):
     ref = "sandbox"
     cache_log = "lmcache.log"
     hash_algorithm = HASH_ALGORITHM  # the server's --hash-algorithm: chunk keys are computed with it
@@ -371,38 +415,6 @@ class SandboxStack(ProcessStack):
         finally:
             remove_served(self.run_dir)
             self._unmount_l2()
-
-    def _mount_l2(self, opt) -> None:
-        """The L2 directory on a filesystem the run mounts (journaled before it is mounted, so a crashed
-        run can be rolled back), and optionally the fault filesystem over it."""
-        stack_dir = self.run_dir / "stack"
-        if opt.faultfs:
-            disk = RunFilesystem.plan(opt.kind, int(opt.size), stack_dir / "l2fs", self.run_dir, inodes=opt.inodes)
-            self.journal.append("stack.l2_fs.planned", filesystem=disk.as_dict())
-            disk.mount()
-            (disk.mountpoint / "l2").mkdir(exist_ok=True)
-            ffs = FaultFs.plan(disk.mountpoint / "l2", self.l2_dir, self.run_dir, backing_fs=disk)
-            self.l2_fs = ffs
-            self.journal.append("stack.l2_fs.planned", faultfs=ffs.as_dict())
-            ffs.start()
-        else:
-            disk = RunFilesystem.plan(opt.kind, int(opt.size), self.l2_dir, self.run_dir, inodes=opt.inodes)
-            self.journal.append("stack.l2_fs.planned", filesystem=disk.as_dict())
-            self.l2_fs = disk
-            disk.mount()
-        self.journal.append("stack.l2_fs.mounted", kind=opt.kind, size_bytes=int(opt.size), inodes=opt.inodes,
-                            faultfs=opt.faultfs, l2_dir=str(self.l2_dir))
-
-    def _unmount_l2(self) -> None:
-        fs, self.l2_fs = self.l2_fs, None
-        if fs is None:
-            return
-        done: dict[str, list[str]] = {"undone": [], "already_gone": []}
-        parts = [fs.stop, fs.backing_fs.destroy] if isinstance(fs, FaultFs) else [fs.destroy]
-        for part in parts:
-            for k, v in part().items():
-                done.setdefault(k, []).extend(v)
-        self.journal.append("stack.l2_fs.removed", **done)
 
     # --- endpoints ---------------------------------------------------------------------------------
 

@@ -37,9 +37,9 @@ def test_matrix_rows_and_summary(tmp_path):
     s = detection.summary(table)
     assert s["surfaced"] == ["D4"] and s["not_surfaced"] == ["D9", "D10"] and s["twins_held"] == 1
     assert s["no_control"] == ["D1", "D2", "D3", "D5", "D6", "D7", "D8", "D11", "D12", "D13", "D14", "D15", "D16", "D17",
-                               "D18", "D19", "D20", "D21"]
+                               "D18", "D19", "D20", "D21", "D22"]
     text = "\n".join(detection.markdown(table))
-    assert "**1 of 21 defects surfaced**" in text and "not surfaced: D9, D10" in text
+    assert "**1 of 22 defects surfaced**" in text and "not surfaced: D9, D10" in text
     assert "| leaks: lmcache_kv_12 | [report](r-d4/report.md) |" in text
     assert "| FAIL: liveness | FAIL | no | NOT named |" in text
     assert "not run (needs compose/gpu: no CUDA)" in text

@@ -114,7 +114,7 @@ def test_a_scenario_needing_another_stack_is_listed_as_not_run_never_passed(tmp_
     [suite_dir] = reports.iterdir()
     index = (suite_dir / "index.md").read_text()
     assert "not run: needs compose/gpu: needs a CUDA engine" in index
-    assert "0 of 21 defects surfaced" in index and "| D10 " in index
+    assert "0 of 22 defects surfaced" in index and "| D10 " in index
     case = ET.parse(suite_dir / "junit.xml").getroot().find(".//testcase")
     assert case.find("skipped").get("message") == "not run (needs compose/gpu: needs a CUDA engine)"
     run = CliRunner().invoke(app, ["run", str(needs), "--reports-dir", str(reports)])

@@ -50,6 +50,7 @@ GAPS = [
      "namespace_links"),
     ("sandbox", "{injector: disk, params: {mode: fill, percent: 50}}", "run_filesystem"),
     ("sandbox-mooncake", "{injector: disk, params: {mode: fill, percent: 50}}", "run_filesystem"),
+    ("sandbox-localdisk", "{injector: disk, params: {mode: fill, percent: 50}}", "run_filesystem"),
     ("sandbox-mooncake", "{injector: model, params: {}}", "weight_swap"),
 ]
 
@@ -71,6 +72,8 @@ def test_the_same_faults_are_carried_where_the_capability_is():
                               ("sandbox-mooncake", "{injector: network, params: {backend: kernel, link: store-a, "
                                                    "toxics: [{type: timeout}]}}", ""),
                               ("sandbox", "{injector: disk, params: {mode: fill, percent: 50}}",
+                               ", lmcache: {l2_fs: {kind: tmpfs, size: 64MiB}}"),
+                              ("sandbox-localdisk", "{injector: disk, params: {mode: fill, percent: 50}}",
                                ", lmcache: {l2_fs: {kind: tmpfs, size: 64MiB}}"),
                               ("sandbox-docker", "{injector: model, params: {}}", "")]:
         loaded = parse_scenario(_scenario(ref, fault, extra), Path("x.yaml"))

@@ -44,7 +44,7 @@ def test_a_scenario_attaching_a_local_disk_stack_is_refused_until_attach_support
         parse_scenario(path.read_text(), path)
 
 
-def test_the_built_in_stack_takes_every_kv_corrupt_mode_and_refuses_links_and_filesystems_with_why():
+def test_the_built_in_stack_takes_every_kv_corrupt_mode_refuses_links_and_takes_disk_faults_on_a_run_fs():
     spec = StackSpec(ref="sandbox-localdisk")
     for mode in ("zero", "delete", "truncate", "stale", "swap", "bitflip"):
         assert capability_gaps(spec, "kv_corrupt", KvCorruptParams.model_validate({"mode": mode})) == [], mode
@@ -55,7 +55,12 @@ def test_the_built_in_stack_takes_every_kv_corrupt_mode_and_refuses_links_and_fi
         {"proxy": "lm-server", "toxics": [{"type": "reset_peer", "attributes": {"timeout": 0}}]}))
     assert "no link to throttle or cut" in gap, gap
     [gap] = capability_gaps(spec, "disk", DiskParams.model_validate({"mode": "readonly"}))
-    assert "no filesystem the run mounts" in gap, gap
+    assert "set stack.lmcache.l2_fs" in gap, gap
+    # on a filesystem the run mounts, the disk family reaches the local disk (D22's control)
+    on_fs = StackSpec(ref="sandbox-localdisk", lmcache={"l2_fs": {"kind": "tmpfs", "size": "64MiB"}})
+    assert capability_gaps(on_fs, "disk", DiskParams.model_validate({"mode": "full"})) == []
+    assert LocalDiskStack.options_from(on_fs).l2_fs == {"kind": "tmpfs", "size": 64 << 20, "inodes": None,
+                                                         "faultfs": False}
 
 
 def test_the_stack_stores_on_a_directory_of_the_run_with_no_cpu_tier(tmp_path):
