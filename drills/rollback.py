@@ -223,7 +223,8 @@ def run_state(run_dir: Path, history: History) -> RunState:
                     attached_l2=_declared_l2(prepared.data) if prepared is not None else None,
                     redis_l2=_redis_l2(prepared.data) if prepared is not None else set(),
                     lm_l2=_lm_l2(prepared.data) if prepared is not None else set(),
-                    mooncake_l2=_mooncake_l2(prepared.data) if prepared is not None else set(),
+                    mooncake_l2=_mooncake_l2(prepared.data, {n for n, r in netns.items() if r["_created"]})
+                    if prepared is not None else set(),
                     projects={p for e in history.of_type("docker.project_created")
                               if isinstance(p := e.data.get("project"), str)},
                     named=_named_processes(run_dir, started), started_ts=started.ts if started else None)
@@ -504,13 +505,19 @@ def _lm_l2(prepared: dict[str, Any]) -> set[str]:
     return {own} if url == own else set()
 
 
-def _mooncake_l2(prepared: dict[str, Any]) -> set[tuple[str, str]]:
-    """The Mooncake master a sandbox-mooncake run started: its namespace and the master's own RPC port there, as
-    ``stack.prepared`` names them (kvdrill reaches it directly, never through the proxy a fault may sit on)."""
-    ports, ns = prepared.get("ports"), prepared.get("netns")
-    name = ns.get("name") if isinstance(ns, dict) else None
-    if prepared.get("ref") != "sandbox-mooncake" or not isinstance(ports, dict) or \
-            type(ports.get("master_rpc")) is not int or not isinstance(name, str) or not name.startswith("kvd-"):
+def _mooncake_l2(prepared: dict[str, Any], created: set[str]) -> set[tuple[str, str]]:
+    """The Mooncake master a Mooncake sandbox run started: its namespace and the master's own RPC port there
+    (kvdrill reaches it directly, never through the proxy a fault may sit on). On processes ``stack.prepared``
+    names the namespace; on containers it is the pod's, which the run journaled as the one namespace it created."""
+    ports, ns, ref = prepared.get("ports"), prepared.get("netns"), prepared.get("ref")
+    if ref == "sandbox-mooncake":
+        name = ns.get("name") if isinstance(ns, dict) else None
+    elif ref == "sandbox-docker-mooncake" and len(created) == 1:
+        name = next(iter(created))
+    else:
+        return set()
+    if not isinstance(ports, dict) or type(ports.get("master_rpc")) is not int or not isinstance(name, str) \
+            or not name.startswith("kvd-") or name not in created:
         return set()
     return {(name, f"127.0.0.1:{ports['master_rpc']}")}
 

@@ -971,8 +971,11 @@ class AttachedMooncakeStack(AttachRuntime, MooncakeStack):
 
     @classmethod
     def topology_capabilities(cls, f: StackFile) -> dict[Capability, str | None]:
-        return {Capability.CHUNK_FILES: "its KV lives as Mooncake objects, not chunk files; kv_corrupt reaches "
-                                        "only an LMCache MP server's fs L2 (topology lmcache-mp)",
+        return {Capability.CHUNK_FILES: "its KV lives as Mooncake objects in your store; kv_corrupt reaches Mooncake "
+                                        "objects only on the stacks kvdrill starts (stack.ref: sandbox-mooncake or "
+                                        "sandbox-docker-mooncake), where it knows the engine's LMCache config and "
+                                        "hash seed, which make the keys; attached, only an MP server's fs L2 "
+                                        "(topology lmcache-mp)",
                 Capability.STORE_MASTER: None}
 
     async def clear_l1(self) -> dict[str, Any]:

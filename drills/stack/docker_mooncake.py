@@ -30,9 +30,7 @@ from ruamel.yaml import YAML
 
 from drills.journal import Journal
 from drills.pins import stack_venv
-from drills.scenario import StackSpec
 from drills.shipped import COMPOSE, DATA_ROOT
-from drills.stack.api import Capability
 from drills.stack.compose_project import ComposeProject, ComposeStack, compose_specs
 from drills.stack.containers import SERVICE_LABEL
 from drills.stack.mooncake import HTTP_PORT_OF, MooncakeOptions, MooncakeStack
@@ -58,15 +56,6 @@ class DockerMooncakeStack(ComposeStack, MooncakeStack):
     topology_file = COMPOSE_FILE
     creates_netns = False  # the pod container's namespace: Docker makes it, the stack names it
     netns_plan = "the pod container's, listed as kvd-<8 hex> (the name removed at down)"
-
-    @classmethod
-    def capabilities(cls, spec: StackSpec) -> dict[Capability, str | None]:
-        # a chunk's key names the model as the engine was given it (its path inside the container), and nothing
-        # here computes it with the container's path yet: kvdrill would look for keys the engine never wrote
-        return {**MooncakeStack.capabilities(spec),
-                Capability.CHUNK_FILES: "kv_corrupt on Mooncake objects runs on the processes stack only (stack.ref: "
-                                        "sandbox-mooncake): the container's keys name the model by its in-container "
-                                        "path, which kvdrill does not compute yet"}
 
     def __init__(self, options: MooncakeOptions, run_dir: Path, journal: Journal, http: httpx.AsyncClient) -> None:
         super().__init__(options, run_dir, journal, http)

@@ -190,3 +190,24 @@ def test_the_hit_rate_check_of_an_in_process_run_names_its_log_not_an_empty_tier
     assert "| chaos | 1024/1024 (100%) | no split (in-process) |" in table, table
     server = dict(rows["chaos"], hit_rate_source="lmcache_server", lmcache_l1_hit_tokens=256, lmcache_l2_hit_tokens=768)
     assert "| chaos | 1024/1024 (100%) | 256 / 768 |" in "\n".join(hit_rate_section({"chaos": server}))
+
+
+async def test_l2_counters_of_a_stack_whose_tier_cannot_be_reached_here_are_none_not_a_crash():
+    """An attached Mooncake stack has a chunk_tier (the built-in one's), but no namespace kvdrill made to reach the
+    store in: the metrics points record no L2 counters instead of ending the drill (a tier that answers with an error
+    is recorded as one)."""
+    from types import SimpleNamespace
+
+    from drills.runner import Runner
+    from drills.stack.process import StackError
+
+    def unreachable():
+        raise StackError("the Mooncake stack is not up: no namespace to reach its master in")
+
+    def refused():
+        raise OSError("connection refused")
+
+    assert await Runner._l2_stats(SimpleNamespace(stack=SimpleNamespace(chunk_tier=unreachable))) is None
+    said = await Runner._l2_stats(SimpleNamespace(stack=SimpleNamespace(chunk_tier=refused)))
+    assert said == {"error": "OSError: connection refused"}
+    assert await Runner._l2_stats(SimpleNamespace(stack=SimpleNamespace())) is None

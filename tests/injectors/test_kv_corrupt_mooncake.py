@@ -167,9 +167,15 @@ async def test_the_undo_record_heals_from_another_process_and_rollback_takes_onl
 def test_rollback_takes_the_sandboxs_own_master_by_its_port_not_the_proxy_in_front_of_it():
     prepared = {"ref": "sandbox-mooncake", "ports": {"master_rpc": 50051, "master_rpc_proxy": 50061},
                 "netns": {"name": "kvd-1234abcd"}}
-    assert _mooncake_l2(prepared) == {("kvd-1234abcd", "127.0.0.1:50051")}
-    assert _mooncake_l2({**prepared, "ref": "sandbox-docker-mooncake"}) == set()
-    assert _mooncake_l2({**prepared, "netns": {"name": "other"}}) == set()
+    created = {"kvd-1234abcd"}
+    assert _mooncake_l2(prepared, created) == {("kvd-1234abcd", "127.0.0.1:50051")}
+    assert _mooncake_l2(prepared, set()) == set()  # a namespace the run did not journal as its own
+    assert _mooncake_l2({**prepared, "netns": {"name": "other"}}, created | {"other"}) == set()
+    assert _mooncake_l2({**prepared, "ref": "sandbox"}, created) == set()
+    # the container stack's pod namespace, which the run created (as ip netns attach) and journaled
+    docker = {"ref": "sandbox-docker-mooncake", "ports": {"master_rpc": 50051}}
+    assert _mooncake_l2(docker, created) == {("kvd-1234abcd", "127.0.0.1:50051")}
+    assert _mooncake_l2(docker, set()) == set()
 
 
 def test_a_store_that_is_gone_is_an_error_that_names_it(tmp_path):

@@ -43,7 +43,6 @@ def _scenario(ref: str, fault: str, stack_extra: str = "") -> str:
 
 # (stack, fault, the capability the stack lacks)
 GAPS = [
-    ("sandbox-docker-mooncake", "{injector: kv_corrupt, params: {mode: zero, prompts: [0], chunk: 0}}", "chunk_files"),
     ("sandbox", "{injector: store, params: {service: store-a, action: kill}}", "store_master"),
     ("sandbox-docker", "{injector: store, params: {service: store-a, action: kill}}", "store_master"),
     ("sandbox", "{injector: network, params: {backend: kernel, link: store-a, toxics: [{type: timeout}]}}",
@@ -99,21 +98,22 @@ def test_every_catalogue_fault_declares_what_it_needs_and_its_stack_offers_it():
 
 def test_dry_run_and_validate_refuse_it_with_the_same_sentence(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(_scenario("sandbox-docker-mooncake", GAPS[0][1]))
+    mooncake_disk = [g for g in GAPS if g[0] == "sandbox-mooncake" and g[2] == "run_filesystem"][0]
+    bad.write_text(_scenario("sandbox-mooncake", mooncake_disk[1]))
     result = CliRunner().invoke(app, ["run", "--dry-run", "--json", str(bad)])
     plan = json.loads(result.stdout)
     assert result.exit_code == 2 and not plan["allowed"]
     [problem] = plan["problems"]
-    assert "stack sandbox-docker-mooncake cannot `chunk_files`" in problem and plan["faults"][0]["targets"] == []
+    assert "stack sandbox-mooncake cannot `run_filesystem`" in problem and plan["faults"][0]["targets"] == []
     out = CliRunner().invoke(app, ["validate", str(bad)])
     # at the fault's own line, as a schema error would be
-    assert out.exit_code == 2 and f"{bad}:5: chaos.faults[0] (f0-kv_corrupt): stack sandbox-docker-mooncake cannot " \
-        "`chunk_files`" in out.output
+    assert out.exit_code == 2 and f"{bad}:5: chaos.faults[0] (f0-disk): stack sandbox-mooncake cannot " \
+        "`run_filesystem`" in out.output
 
 
 def test_run_refuses_it_in_preflight_before_any_stack_exists(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(_scenario("sandbox", GAPS[1][1]))
+    bad.write_text(_scenario("sandbox", GAPS[0][1]))
     proc = subprocess.run([sys.executable, "-m", "drills.cli", "run", str(bad), "--reports-dir", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -147,5 +147,5 @@ def test_kvdrill_stacks_lists_what_each_kind_carries_and_why_not():
     assert kinds["sandbox"]["faults"]["network (kernel)"] == "no: namespace_links"
     assert kinds["sandbox-mooncake"]["faults"]["store"] == "yes"
     assert kinds["sandbox-mooncake"]["faults"]["kv_corrupt"] == "yes"
-    assert kinds["sandbox-docker-mooncake"]["faults"]["kv_corrupt"] == "no: chunk_files"
-    assert "in-container path" in kinds["sandbox-docker-mooncake"]["capabilities"]["chunk_files"]
+    assert kinds["sandbox-docker-mooncake"]["faults"]["kv_corrupt"] == "yes"
+    assert "filesystem the run mounts" in kinds["sandbox-mooncake"]["capabilities"]["run_filesystem"]
