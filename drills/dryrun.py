@@ -227,7 +227,8 @@ def manual_steps(sc: Scenario) -> list[dict[str, Any]]:
 
 def _plan_fault(i: int, spec: FaultSpec, params: BaseModel, sc: Scenario, view: StackView) -> FaultPlan:
     fid = seeds.fault_id(i, spec.injector)
-    trigger = spec.trigger.model_dump(mode="json", exclude_none=True) if spec.trigger else {"before_traffic": True}
+    trigger = spec.trigger.model_dump(mode="json", exclude_none=True) if spec.trigger else \
+        {"at_start": spec.at_start.model_dump(mode="json")} if spec.at_start else {"before_traffic": True}
     fp = FaultPlan(id=fid, injector=spec.injector, params=params.model_dump(mode="json"), trigger=trigger)
     fp.seeded["rng_seed"] = seeds.fault_rng_seed(sc.seed, fid)
     # triggers have no random part: at / after_requests / when fire on their condition, without jitter

@@ -155,6 +155,7 @@ class Runner:
             self.journal.listeners.append(self.live.feed)
         self.log = _configure_logging(self.run_dir)
         self.injectors: list[Injector] = []
+        self._start_heals: list[asyncio.Task] = []  # the heals of faults held from start-up (at_start), pending
         self.stack: Stack | None = None
         self.pool = pool  # a suite's: the stack may come from the previous drill and outlive this one
         self.reused_from: list[str] = []
@@ -312,7 +313,12 @@ class Runner:
                 pass
         else:
             with self._phase("up", f"starting {self.stack.starts_now}"):
+                held = self._start_faults()
+                if held:
+                    self._hold_from_start(held)
                 await self.stack.up()
+                if held:
+                    await self._healed_after_start(held)
             image = self.stack.image  # a container stack: the image every service ran
             self.journal.append("versions.reported", vllm=await _get_json(http, self.stack.url("engine") + "/version"),
                                 **({"image": image} if image else {}))
@@ -368,7 +374,9 @@ class Runner:
 
         with self._phase("chaos", "injecting faults, then traffic"):
             self._watch_halts(http)
-            planned = list(enumerate(zip(sc.chaos.faults, self.loaded.fault_params)))
+            # a fault held from start-up was injected and healed in the up phase (at_start)
+            planned = [(i, (f, p)) for i, (f, p) in enumerate(zip(sc.chaos.faults, self.loaded.fault_params))
+                       if f.at_start is None]
             for i, (fault, params) in planned:
                 if fault.trigger is None:
                     await self._fire(await self._plan(i, fault, params), {"trigger": "before_traffic"})
@@ -491,6 +499,47 @@ class Runner:
                             trigger=fault.trigger.model_dump(mode="json", exclude_none=True) if fault.trigger else None)
         return injector
 
+    def _start_faults(self) -> list[tuple[int, Any, Any]]:
+        return [(i, f, p) for i, (f, p) in enumerate(zip(self.scenario.chaos.faults, self.loaded.fault_params))
+                if f.at_start is not None]
+
+    def _hold_from_start(self, held: list[tuple[int, Any, Any]]) -> None:
+        """Inject the at_start faults once the engine's dependencies are up, just before the engine is launched
+        (its Toxiproxy runs by then), and heal each ``heal_after`` seconds later while the stack comes up."""
+        async def before_engine() -> None:
+            for i, fault, params in held:
+                try:
+                    injector = await self._plan(i, fault, params)
+                    await self._fire(injector, {"trigger": "at_start", "service": fault.at_start.service,
+                                                "heal_after_s": fault.at_start.heal_after})
+                except Exception as exc:  # inside the stack's start: said as the stack failing to start, with why
+                    raise StackError(f"chaos.faults[{i}] ({fault.injector}, at_start) could not be held before the "
+                                     f"engine started: {type(exc).__name__}: {exc}") from exc
+                self._start_heals.append(asyncio.create_task(self._heal_later(injector, fault.at_start.heal_after)))
+
+        self.stack.driver.before_launch["engine"] = before_engine
+
+    async def _heal_later(self, injector: Injector, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        self.injectors.remove(injector)  # from here this heal owns it (a drill ending meanwhile heals the rest)
+        report = await injector.heal()
+        self.journal.append("fault.healed", fault_id=injector.ctx.fault_id, undone=report.undone,
+                            already_healed=report.already_healed, still_in_effect=[], at_start=True,
+                            **({"failed": report.failed} if report.failed else {}))
+        if report.failed:
+            raise DrillError(f"heal of {injector.ctx.fault_id} did not finish: {'; '.join(report.failed)}")
+
+    async def _healed_after_start(self, held: list[tuple[int, Any, Any]]) -> None:
+        """The stack is up: wait for every at_start fault's heal, so the drill goes on with none in effect."""
+        if not self._start_heals:
+            self.stack.driver.before_launch.pop("engine", None)
+            raise DrillError(f"chaos.faults[{held[0][0]}] holds from the engine's start, but this run started no "
+                             f"engine (stack {self.scenario.stack.ref}): at_start needs a stack the run starts")
+        try:
+            await asyncio.gather(*self._start_heals)
+        finally:
+            self._start_heals.clear()
+
     async def _fire(self, injector: Injector, fired: dict[str, Any]) -> None:
         fault_id = injector.ctx.fault_id
         i = next(i for i, f in enumerate(self.scenario.chaos.faults) if seeds.fault_id(i, f.injector) == fault_id)
@@ -594,6 +643,8 @@ class Runner:
             return await asyncio.to_thread(lambda: tier().stats())
         except TIER_ERRORS as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
+        except StackError:  # a stack whose tier kvdrill cannot reach here (an attached Mooncake store): no counters
+            return None
 
     async def _metrics_or_empty(self, service: str) -> str:
         """A dead or frozen service has no metrics; that is evidence for liveness, not a crash."""
@@ -749,6 +800,8 @@ class Runner:
             raise DrillError("heal did not finish: " + "; ".join(failed))
 
     async def _always_heal(self) -> None:
+        for task in self._start_heals:  # a drill that ends while an at_start fault waits: healed below, now
+            task.cancel()
         if self._sampler is not None:
             self._sampler.cancel()
         await self._unwatch_halts()
@@ -793,7 +846,10 @@ class Runner:
         sc = self.scenario
         if self.pool is None:
             return make_stack(sc.stack, self.run_dir, self.journal, http)
-        live, why = self.pool.offer(sc.stack, sc.seed)
+        if self._start_faults():  # a fault that holds from the engine's start needs an engine this run starts
+            live, why = None, "a fault holds from the engine's start (at_start): the stack starts in this run"
+        else:
+            live, why = self.pool.offer(sc.stack, sc.seed)
         if live is not None:
             live.stack.bind(self.journal, http)
             problems: dict[str, str] = {}

@@ -419,13 +419,39 @@ def share_count(prompts: int, ratio: float) -> int:
     return int(prompts * ratio + 0.5)
 
 
+class AtStart(_Strict):
+    """A fault that holds from before a service starts (the store's master unreachable while the engine comes up)
+    and is healed after it; liveness judges the start, the warm-up and the checks after it what it left behind."""
+
+    service: Literal["engine"] = Field("engine", description="the service started under the fault: it is injected "
+                                                             "once that service's dependencies are up, before it starts")
+    heal_after: Duration = Field(description="seconds after that service was started when the fault is healed (the "
+                                             "drill goes on once both the service is healthy and the fault healed)")
+
+
 class FaultSpec(_Strict):
     injector: str = Field(description="fault family, e.g. kv_corrupt")
     params: dict[str, Any] = Field(default_factory=dict)
     trigger: Trigger | None = Field(None, description="when the fault fires; omitted: before chaos traffic")
+    at_start: AtStart | None = Field(None, description="instead of in chaos: hold the fault from before the service "
+                                                       "starts, heal it heal_after seconds after (network faults on "
+                                                       "the stack's Toxiproxy)")
     confirm: bool = Field(False, description="game day: pause before injecting, show what is about to be injected "
                                              "and wait for `kvdrill continue RUN` (or Enter); no answer within "
                                              "10 minutes aborts the drill, nothing injected")
+
+    @model_validator(mode="after")
+    def _start_up_fault(self) -> FaultSpec:
+        if self.at_start is None:
+            return self
+        if self.trigger is not None or self.confirm:
+            raise ValueError("at_start: a fault held from start-up fires before the service starts; it takes no "
+                             "trigger and no confirm")
+        if self.injector != "network" or self.params.get("backend", "toxiproxy") != "toxiproxy":
+            raise ValueError(f"at_start: only network faults on the stack's Toxiproxy can hold before the engine "
+                             f"starts (the proxy runs before it); not {self.injector}"
+                             + (f" with backend {self.params.get('backend')}" if self.injector == "network" else ""))
+        return self
 
 
 class ManualSpec(_Strict):

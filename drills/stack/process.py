@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,6 +313,9 @@ class ServiceDriver(ABC):
         self.journal = journal
         self.services: dict[str, Any] = {}
         self._generations: dict[str, int] = {}
+        # service -> what start_all awaits once that service's dependencies are up, just before launching it (a
+        # fault held from start-up: drills/runner.py); each runs once
+        self.before_launch: dict[str, Callable[[], Awaitable[None]]] = {}
         # what /dev/shm held before this driver started anything: never ours to clean
         self.shm_before = {p.name for p in shm.SHM_DIR.iterdir()}
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -380,6 +383,9 @@ class ServiceDriver(ABC):
                 await healthy[dep].wait()
             for dep in spec.after_start:
                 await launched[dep].wait()
+            hook = self.before_launch.pop(spec.name, None)
+            if hook is not None:
+                await hook()
             svc = await self._launch(spec)
             launched[spec.name].set()
             await self.wait_healthy(svc, http)

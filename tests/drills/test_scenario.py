@@ -193,3 +193,26 @@ def test_every_shipped_scenario_validates_against_the_schema_an_editor_gets():
         assert not errors, f"{path.relative_to(root)}: {errors[:3]}"
         checked += 1
     assert checked > 50 and (root / "gameday").is_dir()
+
+
+@pytest.mark.parametrize(("fault", "needle"), [
+    ("{injector: network, params: {proxy: mooncake-master, down: true}, at_start: {heal_after: 20s}}", None),
+    ("{injector: kv_corrupt, params: {mode: zero}, at_start: {heal_after: 5s}}",
+     "only network faults on the stack's Toxiproxy can hold before the engine starts"),
+    ("{injector: network, params: {backend: kernel, link: store-a, down: true}, at_start: {heal_after: 5s}}",
+     "not network with backend kernel"),
+    ("{injector: network, params: {proxy: lmcache, down: true}, at_start: {heal_after: 5s}, trigger: {at: 1s}}",
+     "takes no trigger and no confirm"),
+    ("{injector: network, params: {proxy: lmcache, down: true}, at_start: {}}", "heal_after"),
+    ("{injector: network, params: {proxy: lmcache, down: true}, at_start: {heal_after: 5s, service: lmcache}}",
+     "'engine'"),
+])
+def test_a_fault_held_from_start_up_is_a_network_fault_with_a_heal_time_and_nothing_else(fault, needle):
+    text = f"name: x\nstack: {{ref: sandbox-mooncake}}\nchaos:\n  faults:\n    - {fault}\n"
+    if needle is None:
+        [spec] = parse_scenario(text, Path("x.yaml")).scenario.chaos.faults
+        assert spec.at_start is not None and spec.at_start.heal_after == 20.0 and spec.at_start.service == "engine"
+        return
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, Path("x.yaml"))
+    assert needle in str(exc.value) and "x.yaml:5" in str(exc.value)

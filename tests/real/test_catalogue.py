@@ -43,7 +43,7 @@ pytestmark = pytest.mark.real
 # - lm:// cache server (sandbox-lmserver): the controls d17, d18 and d19 (basics/net-lm-link-reset) stay, a fresh
 #   stack each (about 1.3 min); on the local disk (sandbox-localdisk), the controls d20 and d22 stay (a fresh stack each, about 1.2 min);
 # - Mooncake objects (sandbox-mooncake): the control d21 stays (about 1.5 min); mooncake-object-stale and
-#   mooncake-object-truncate move;
+#   mooncake-object-truncate move, as does mooncake-master-unreachable-at-start (a fault held from start-up);
 # - lmcache-1034 (no fault: APC pins) moves; verify-stack (no fault) moves too, and runs on an attached stack in
 #   test_attach.py (also in make test-catalogue).
 # `make test-catalogue` (KVDRILL_FULL_CATALOGUE=1) runs all.
@@ -54,7 +54,7 @@ FULL_ONLY = ("lmcache-4533-", "net-slicer.yaml", "net-limit-data.yaml", "net-slo
              "engine-term.yaml", "lmcache-562-", "kv-mantissa-noise.yaml", "lmcache-1313-", "net-bandwidth.yaml",
              "net-blackhole.yaml", "net-reset-peer.yaml", "net-latency.yaml", "mooncake-3688-", "mooncake-935-", "lmcache-1034-",
              "verify-stack.yaml", "net-redis-", "redis-maxmemory-", "d14-twin-", "d16-twin-", "valkey-l2-",
-             "mooncake-object-")
+             "mooncake-object-", "mooncake-master-unreachable-at-start.yaml")
 EXCLUDED = ("flagship", "gameday", "experiments", "evaluation")  # gameday/ waits for an operator: test_gameday.py
 # the drills on users' prompts (the chat flagship pair, the trace retro, the evaluation at fault) run as their own
 # suite in tests/real/test_prompts_file.py (make test-catalogue), which also checks where each zero was put

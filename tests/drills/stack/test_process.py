@@ -163,3 +163,32 @@ async def test_after_start_naming_an_unknown_service_is_refused(tmp_path):
     async with httpx.AsyncClient() as http:
         with pytest.raises(StackError, match=r"unknown services \['lmcahce'\]"):
             await driver.start_all(specs, http, tmp_path / "stack.yaml")
+
+
+async def test_a_before_launch_hook_runs_once_its_service_dependencies_are_healthy_and_before_it_starts(tmp_path):
+    """A fault held from start-up (at_start) is injected here: after the proxy the engine depends on is up, before the
+    engine is launched; a failing hook is the stack failing to start, and nothing of the service is launched."""
+    journal = Journal(tmp_path)
+    driver = ProcessDriver(tmp_path / "logs", journal)
+    specs = {"proxy": spec(tmp_path, "proxy", script=SLOW_HEALTH),
+             "engine": ServiceSpec(**{**spec(tmp_path, "engine", script=SLOW_HEALTH).__dict__, "depends_on": ["proxy"]})}
+    seen: list[tuple[str, ...]] = []
+
+    async def hook() -> None:
+        seen.append(tuple(sorted(driver.services)))  # the proxy launched (and healthy), the engine not yet
+
+    driver.before_launch["engine"] = hook
+    async with httpx.AsyncClient() as http:
+        await driver.start_all(specs, http, tmp_path / "stack.yaml")
+        assert seen == [("proxy",)] and driver.before_launch == {}  # once
+        await driver.stop_all()
+
+        async def refuses() -> None:
+            raise StackError("the fault could not be held")
+
+        driver.before_launch["engine"] = refuses
+        with pytest.raises(StackError, match="could not be held"):
+            await driver.start_all(specs, http, tmp_path / "stack.yaml")
+        assert "engine" not in driver.services or not driver.services["engine"].alive
+        await driver.stop_all()
+    journal.close()
