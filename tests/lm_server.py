@@ -4,8 +4,6 @@ so tests that share one use keys of their own."""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -17,6 +15,7 @@ import pytest
 
 from drills.pins import stack_venv
 from drills.stack.lm_wire import LmClient
+from tests.process_fixtures import stop_group
 
 LMCACHE_SERVER = stack_venv() / "bin" / "lmcache_server"
 needs_lm_server = pytest.mark.skipif(not LMCACHE_SERVER.exists(), reason=(
@@ -47,9 +46,4 @@ def lm_server(directory: Path) -> Iterator[str]:
                 time.sleep(0.1)
         yield f"lm://127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc)

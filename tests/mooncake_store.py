@@ -5,7 +5,6 @@ stopped by killing their process groups before the namespace is deleted."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 
 from drills.pins import stack_venv
 from drills.stack.netns import NetNamespace
+from tests.process_fixtures import stop_group
 
 BIN = stack_venv() / "bin"
 needs_mooncake = pytest.mark.skipif(not (BIN / "mooncake_master").exists() or os.geteuid() != 0, reason=(
@@ -52,10 +52,5 @@ def mooncake_store(directory: Path) -> Iterator[str]:
         yield ns.name
     finally:
         for proc in reversed(procs):
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            stop_group(proc)
         ns.delete()

@@ -1,6 +1,8 @@
 """Stand-in services for tests of the process driver and of rollback."""
 
 import os
+import signal
+import subprocess
 import textwrap
 import time
 
@@ -57,3 +59,13 @@ def wait_for_state(pids, state: str, within: float = 10.0) -> int:
             return found[0]
         time.sleep(0.01)
     raise AssertionError(f"no process in state {state} within {within}s")
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """A test server started in its own session: SIGTERM its process group, SIGKILL it if it lingers."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,7 @@ class EngineKeys:
     lmcache_config: Path
     model_dir: Path
     pins: Any
-    _key_memo: dict[tuple[int, ...], list[str]]
-
-    def chunk_tier(self) -> ChunkTier:
-        raise NotImplementedError
+    chunk_tier: Callable[[], ChunkTier]  # the stack's own (each in-process stack has its tier)
 
     def chunk_keys(self, token_lists: list[list[int]]) -> list[list[str]]:
         """Each full chunk's key as the engine's in-process LMCache stores it (one subprocess per new prompt set: it

@@ -25,6 +25,7 @@ from drills.stack.faultfs import FSNAME_PREFIX
 from drills.stack.netns import NETNS_DIR
 from drills.stack.netns import PREFIX as NETNS_PREFIX
 from drills.stack.process import group_members, shm_inodes_in_use
+from tests.process_fixtures import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 KVDRILL = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "kvdrill"
@@ -283,12 +284,7 @@ def ssh_host(tmp_path_factory, request):
             os.killpg(sshd.pid, signal.SIGTERM)
             sshd.wait(timeout=30)
         if dockerd is not None:
-            os.killpg(dockerd.pid, signal.SIGTERM)
-            try:
-                dockerd.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(dockerd.pid, signal.SIGKILL)
-                dockerd.wait(timeout=30)
+            stop_group(dockerd, timeout=60)
             unmount_under(engine_run)
             unmount_under(d / "docker-root")
             shutil.rmtree(engine_run, ignore_errors=True)
